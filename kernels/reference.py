@@ -1,0 +1,88 @@
+"""PyTorch reference ops over the paged KV cache: the specification, and the CPU path.
+
+Cache layout, per layer: k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim].
+A token's slot is block_id * block_size + offset; flattening the first two dims indexes slots.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.metadata import AttentionMetadata
+
+
+def store_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+) -> None:
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+    new_key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim] this step's K
+    new_value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim] this step's V
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of each sequence's new tokens over its whole cached context.
+
+    Keys and values are gathered through the block table; a sequence with no cached context
+    (start_pos == 0) may read this step's K/V directly, which are the same values store_kv wrote.
+    """
+    out = torch.empty_like(query)
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, num_kv_heads, head_dim]
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    if meta.decode_rows.numel():
+        q = query[meta.decode_rows].unsqueeze(2)  # [B, num_heads, 1, head_dim]
+        k = flat_k[meta.decode_slots].transpose(1, 2)  # [B, num_kv_heads, ctx, head_dim]
+        v = flat_v[meta.decode_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
+        )
+        out[meta.decode_rows] = o.squeeze(2)
+    for span in meta.prefills:
+        rows = slice(span.query_start, span.query_end)
+        q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
+        if span.start_pos == 0 and new_key is not None and new_value is not None:
+            k, v = new_key[rows].transpose(0, 1), new_value[rows].transpose(0, 1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            k = flat_k[span.slots].transpose(0, 1)  # [num_kv_heads, ctx, head_dim]
+            v = flat_v[span.slots].transpose(0, 1)
+            q_len, ctx = q.shape[1], k.shape[1]
+            # query i sits at position start_pos + i and sees keys at positions <= that
+            mask = torch.arange(ctx)[None, :] <= torch.arange(q_len)[:, None] + span.start_pos
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[rows] = o.transpose(0, 1)
+    return out
+
+
+def copy_blocks(
+    cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+    pairs: list[tuple[int, int]],  # (src_block, dst_block)
+) -> None:
+    if not pairs:
+        return
+    src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=cache.device)
+    dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=cache.device)
+    cache[:, :, dst] = cache[:, :, src]
+
+
+def swap_blocks(
+    src_cache: torch.Tensor,  # [num_layers, 2, num_src_blocks, block_size, num_kv_heads, head_dim]
+    dst_cache: torch.Tensor,  # [num_layers, 2, num_dst_blocks, block_size, num_kv_heads, head_dim]
+    pairs: list[tuple[int, int]],  # (src_block, dst_block)
+) -> None:
+    if not pairs:
+        return
+    src = torch.tensor([p[0] for p in pairs], dtype=torch.int64, device=src_cache.device)
+    dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64, device=dst_cache.device)
+    dst_cache[:, :, dst] = src_cache[:, :, src].to(dst_cache.device)

@@ -1,0 +1,1 @@
+"""The pagedserve processes: gateway, scheduler and executor."""

@@ -1,0 +1,35 @@
+"""The `pagedserve` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from services.engine.args import add_engine_args, engine_config_from_args
+from shared.errors import PagedServeError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pagedserve", description="Paged-KV LLM serving")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    from services.engine.offline import add_generate_args, run_generate
+
+    generate = commands.add_parser("generate", help="run a JSONL file of prompts offline")
+    add_engine_args(generate)
+    add_generate_args(generate)
+
+    args = parser.parse_args(argv)
+    try:
+        config = engine_config_from_args(args)
+        from services.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine(config)
+    except (PagedServeError, ValueError) as exc:
+        print(f"pagedserve: error: {exc}", file=sys.stderr)
+        return 2
+    return run_generate(args, engine)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The in-process engine and the offline command line built on it."""

@@ -1,0 +1,62 @@
+"""Command-line flags for the engine's configs, shared by every pagedserve command."""
+
+from __future__ import annotations
+
+import argparse
+
+from shared.config import GiB, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        default=None,
+        help="local HF directory (config.json + safetensors + tokenizer) or .gguf file; "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )
+    model.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
+    model.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+    model.add_argument("--engine-seed", type=int, default=0, help="seed for requests without a seed")
+    model.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+
+    cache = parser.add_argument_group("KV cache")
+    cache.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    cache.add_argument("--num-device-blocks", type=int, default=None, help="KV pool size in blocks")
+    cache.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV pool budget (GiB)")
+    cache.add_argument("--swap-space-gb", type=float, default=1.0, help="CPU swap pool (GiB)")
+
+    sched = parser.add_argument_group("scheduler")
+    sched.add_argument("--max-num-seqs", type=int, default=256)
+    sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    sched.add_argument(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_false",
+        help="compute each prompt in one step instead of budget-sized chunks",
+    )
+    sched.add_argument("--preemption-mode", default="recompute", choices=["swap", "recompute"])
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            seed=args.engine_seed,
+            num_threads=args.num_threads,
+        ),
+        cache=CacheConfig(
+            block_size=args.block_size,
+            num_device_blocks=args.num_device_blocks,
+            kv_cache_bytes=int(args.kv_cache_gb * GiB),
+            swap_space_bytes=int(args.swap_space_gb * GiB),
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_chunked_prefill=args.chunked_prefill,
+            preemption_mode=args.preemption_mode,
+        ),
+    )

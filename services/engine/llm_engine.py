@@ -1,0 +1,142 @@
+"""The in-process engine: the scheduler and the executor in one process, one step at a time.
+
+Tests, benchmarks and `pagedserve generate` use it; the service runs the same two classes in
+separate processes and passes the same plan and result records between them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.executor.executor import Executor
+from services.scheduler.scheduler import GroupUpdate, Scheduler
+from services.scheduler.sequence import SequenceGroup
+from shared.config import EngineConfig
+from shared.model_source import resolve_model
+from shared.protocol import SampledToken
+from shared.sampling import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    index: int  # which of the request's n samples
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[SampledToken] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+
+    @classmethod
+    def from_group(cls, group: SequenceGroup) -> RequestOutput:
+        want_logprobs = group.sampling.logprobs is not None
+        outputs = [
+            CompletionOutput(
+                seq.index,
+                seq.output_token_ids,
+                seq.finish_reason,
+                list(seq.logprobs) if want_logprobs else None,
+            )
+            for seq in sorted(group.seqs, key=lambda s: s.index)
+        ]
+        return cls(group.request_id, group.prompt_token_ids, outputs, group.is_finished)
+
+
+@dataclass
+class StepStats:
+    """Seconds spent per phase, summed over steps, plus counters."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    num_steps: int = 0
+    num_batched_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_dir = resolve_model(config.model.model)
+        self.executor = Executor(config, self.model_dir)
+        self.scheduler = Scheduler(config.scheduler, self.executor.ready())
+        self.stats = StepStats()
+        self._ids = itertools.count()
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        """Loaded on first use: token-id-only callers (tests, benchmarks) never pay for it."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        return self._tokenizer
+
+    def add_request(
+        self, prompt_token_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> str:
+        """Queue a request; raises InvalidRequestError (and changes nothing) when it is bad."""
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        self.scheduler.add_request(request_id, prompt_token_ids, sampling)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        update = self.scheduler.abort(request_id)
+        return RequestOutput.from_group(update.group) if update else None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[GroupUpdate]:
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        result = self.executor.execute(plan)
+        t2 = time.perf_counter()
+        updates = self.scheduler.update(result)
+        t3 = time.perf_counter()
+        if not plan.seqs and not updates and self.scheduler.has_unfinished():
+            raise RuntimeError("the scheduler made no progress with requests pending")
+        seconds = self.stats.seconds
+        seconds["schedule"] += (t1 - t0) + (t3 - t2)
+        seconds["execute"] += t2 - t1
+        for phase, value in result.timings.items():
+            seconds[phase] += value
+        self.stats.num_steps += 1
+        self.stats.num_batched_tokens += plan.num_tokens
+        return updates
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams | list[SamplingParams],
+        on_step: Callable[[LLMEngine], None] | None = None,
+        progress: bool = False,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs come back in prompt order."""
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        ids = [self.add_request(p, s) for p, s in zip(prompts, params)]
+        results: dict[str, RequestOutput] = {}
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="requests", unit="req")
+        while self.has_unfinished():
+            for update in self.step():
+                if update.finished:
+                    results[update.group.request_id] = RequestOutput.from_group(update.group)
+                    if bar is not None:
+                        bar.update(1)
+            if on_step is not None:
+                on_step(self)
+        if bar is not None:
+            bar.close()
+        return [results[i] for i in ids]

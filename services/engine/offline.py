@@ -1,0 +1,141 @@
+"""`pagedserve generate`: prompts from a JSONL file through the in-process engine into a JSONL file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from services.engine.llm_engine import LLMEngine, RequestOutput
+from shared.errors import InvalidRequestError, PagedServeError
+from shared.sampling import SamplingParams
+
+SAMPLING_FIELDS = (
+    "n", "max_tokens", "temperature", "top_p", "top_k", "seed",
+    "stop_token_ids", "ignore_eos", "logprobs",
+)  # fmt: skip
+
+
+def add_generate_args(parser: argparse.ArgumentParser) -> None:
+    io = parser.add_argument_group("input and output")
+    io.add_argument("--input", required=True, help="JSONL: prompt | prompt_token_ids | messages per line")
+    io.add_argument("--output", required=True, help="JSONL file for the results; - for stdout")
+    io.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap text prompts in the model's chat template as one user message",
+    )
+    sampling = parser.add_argument_group("default sampling (each input line may override)")
+    sampling.add_argument("--n", type=int, default=1)
+    sampling.add_argument("--max-tokens", type=int, default=128)
+    sampling.add_argument("--temperature", type=float, default=0.0)
+    sampling.add_argument("--top-p", type=float, default=1.0)
+    sampling.add_argument("--top-k", type=int, default=0)
+    sampling.add_argument("--seed", type=int, default=None)
+    sampling.add_argument("--stop-token-ids", type=int, nargs="*", default=[])
+    sampling.add_argument("--ignore-eos", action="store_true")
+    sampling.add_argument("--logprobs", type=int, default=None, help="top logprobs per token")
+
+
+def default_sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        n=args.n,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop_token_ids=tuple(args.stop_token_ids),
+        ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs,
+    )
+
+
+def prompt_ids(engine: LLMEngine, line: dict[str, Any], chat: bool) -> list[int]:
+    """Token ids of one input line's prompt, from whichever form it gives."""
+    forms = [k for k in ("prompt", "prompt_token_ids", "messages") if k in line]
+    if len(forms) != 1:
+        raise InvalidRequestError("each line needs exactly one of prompt, prompt_token_ids, messages")
+    if "prompt_token_ids" in line:
+        ids = line["prompt_token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidRequestError("prompt_token_ids must be a list of integers", param="prompt_token_ids")
+        return ids
+    if "messages" in line:
+        messages = line["messages"]
+    else:
+        if not isinstance(line["prompt"], str):
+            raise InvalidRequestError("prompt must be a string", param="prompt")
+        if not chat:
+            return engine.tokenizer.encode(line["prompt"], add_special_tokens=False)
+        messages = [{"role": "user", "content": line["prompt"]}]
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
+        for m in messages
+    ):
+        raise InvalidRequestError("messages must be a list of {role, content} objects", param="messages")
+    encoded = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:
+    defaults = default_sampling(args)
+    with open(args.input, encoding="utf-8") as f:
+        lines = [raw for raw in f if raw.strip()]
+    rows: list[dict[str, Any] | None] = [None] * len(lines)
+    request_of: dict[str, int] = {}
+    for index, raw in enumerate(lines):
+        try:
+            line = json.loads(raw)
+            if not isinstance(line, dict):
+                raise InvalidRequestError("each line must be a JSON object")
+            overrides = {k: line[k] for k in SAMPLING_FIELDS if k in line}
+            sampling = SamplingParams.from_dict(overrides, base=defaults)
+            request_of[engine.add_request(prompt_ids(engine, line, args.chat), sampling)] = index
+        except json.JSONDecodeError as exc:
+            rows[index] = {"index": index, "error": InvalidRequestError(f"invalid JSON: {exc}").to_dict()["error"]}
+        except PagedServeError as exc:
+            rows[index] = {"index": index, "error": exc.to_dict()["error"]}
+    from tqdm import tqdm
+
+    with tqdm(total=len(request_of), desc="generate", unit="req", file=sys.stderr) as bar:
+        while engine.has_unfinished():
+            for update in engine.step():
+                if update.finished:
+                    out = RequestOutput.from_group(update.group)
+                    rows[request_of[out.request_id]] = _result_row(engine, request_of[out.request_id], out)
+                    bar.update(1)
+    out_file: TextIO = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    try:
+        for row in rows:
+            out_file.write(json.dumps(row, ensure_ascii=False) + "\n")
+    finally:
+        if out_file is not sys.stdout:
+            out_file.close()
+    failed = sum(1 for r in rows if r and "error" in r)
+    if failed:
+        print(f"{failed} of {len(rows)} lines were rejected (see their error fields)", file=sys.stderr)
+    return 0
+
+
+def _result_row(engine: LLMEngine, index: int, out: RequestOutput) -> dict[str, Any]:
+    completions = []
+    for completion in out.outputs:
+        entry: dict[str, Any] = {
+            "text": engine.tokenizer.decode(completion.token_ids, skip_special_tokens=True),
+            "token_ids": completion.token_ids,
+            "finish_reason": completion.finish_reason,
+        }
+        if completion.logprobs is not None:
+            entry["logprobs"] = [
+                {"token_id": t.token_id, "logprob": t.logprob, "top_logprobs": t.top_logprobs}
+                for t in completion.logprobs
+            ]
+        completions.append(entry)
+    row: dict[str, Any] = {"index": index, "prompt_tokens": len(out.prompt_token_ids)}
+    if len(completions) == 1:
+        row.update(completions[0])
+    else:
+        row["outputs"] = completions
+    return row

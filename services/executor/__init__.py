@@ -1,0 +1,1 @@
+"""The executor: KV pools, the model, the sampler; applies one plan per step and returns tokens."""

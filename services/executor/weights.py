@@ -1,0 +1,97 @@
+"""Load a local Hugging Face checkpoint (config.json + safetensors) into our Llama module."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from services.executor.llama import LlamaForCausalLM, LlamaSpec, rope_tables
+
+# Checkpoint names that we store fused: (our parameter, shard index) per HF name suffix.
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.\w+_proj)\.(weight|bias)$")
+
+
+def load_hf_config(model_dir: Path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir, local_files_only=True)
+
+
+def load_model(model_dir: Path, dtype: torch.dtype, max_positions: int) -> LlamaForCausalLM:
+    config = load_hf_config(model_dir)
+    spec = LlamaSpec.from_hf_config(config)
+    cos, sin = rope_tables(config, max_positions)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(spec, cos, sin)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.cos.copy_(cos)
+    model.sin.copy_(sin)
+    _copy_weights(model, spec, model_dir)
+    model.eval()
+    return model
+
+
+def _copy_weights(model: LlamaForCausalLM, spec: LlamaSpec, model_dir: Path) -> None:
+    params = dict(model.named_parameters())
+    q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    shard_sizes = {
+        "self_attn.qkv_proj": [q_size, kv_size, kv_size],
+        "mlp.gate_up_proj": [spec.intermediate_size, spec.intermediate_size],
+    }
+    filled: Counter[str] = Counter()  # elements written per parameter, to catch missing tensors
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                target, rows = _target(name, shard_sizes)
+                if target is None or (target == "lm_head.weight" and spec.tie_word_embeddings):
+                    continue
+                if target not in params:
+                    raise KeyError(f"checkpoint tensor {name} has no place in the model ({target})")
+                dest = params[target].data
+                if rows is not None:
+                    dest = dest[rows[0] : rows[1]]
+                tensor = f.get_tensor(name)
+                if tensor.shape != dest.shape:
+                    raise ValueError(
+                        f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(dest.shape)}"
+                    )
+                dest.copy_(tensor)
+                filled[target] += tensor.numel()
+    missing = sorted(p for p, t in params.items() if filled[p] != t.numel())
+    if missing:
+        raise ValueError(f"checkpoint in {model_dir} lacks tensors for {missing[:3]} ({len(missing)})")
+
+
+def _target(name: str, shard_sizes: dict[str, list[int]]) -> tuple[str | None, tuple[int, int] | None]:
+    """Our parameter name (and row range for fused ones) for a checkpoint tensor name."""
+    if name.startswith("model."):
+        match = _LAYER.match(name)
+        if match:
+            layer, module, kind = match.groups()
+            if module in _FUSED:
+                fused, index = _FUSED[module]
+                sizes = shard_sizes[fused]
+                start = sum(sizes[:index])
+                return f"layers.{layer}.{fused}.{kind}", (start, start + sizes[index])
+            return f"layers.{layer}.{module}.{kind}", None
+        stripped = name[len("model.") :]
+        if "rotary_emb" in stripped:
+            return None, None
+        return stripped, None
+    if name == "lm_head.weight":
+        return name, None
+    return None, None

@@ -1,0 +1,140 @@
+"""Block tables over the device and CPU pools: allocate on demand, fork, copy-on-write, swap."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from services.scheduler.block_pool import BlockPool
+
+# (seq_id, num_computed_tokens, num_new_tokens): one sequence's write this step.
+Write = tuple[int, int, int]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    """Maps each sequence's logical blocks to physical ones. Only this class decides block ids."""
+
+    def __init__(self, block_size: int, num_device_blocks: int, num_cpu_blocks: int) -> None:
+        self.block_size = block_size
+        self.device = BlockPool(num_device_blocks, "device")
+        self.cpu = BlockPool(num_cpu_blocks, "cpu")
+        self.tables: dict[int, list[int]] = {}  # seq_id -> device block ids, logical order
+        self.cpu_tables: dict[int, list[int]] = {}  # seq_id -> cpu block ids of swapped seqs
+        # seq_id -> how many table entries the executor already holds; absent means its copy is
+        # stale (new seq, copy-on-write, swap-in) and the next plan must send the whole table.
+        self._synced: dict[int, int] = {}
+        self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet in a plan
+
+    # ---- sizing -------------------------------------------------------------------------------
+    def num_new_blocks(self, writes: list[Write]) -> int:
+        """Device blocks that `writes` need: missing blocks plus copy-on-write of shared ones.
+
+        A shared block with ref count r written by w of these sequences needs w copies if w < r,
+        else w - 1: the last writer finds itself sole owner and writes in place.
+        """
+        needed = 0
+        writers: Counter[int] = Counter()
+        for seq_id, num_computed, num_new in writes:
+            table = self.tables.get(seq_id, [])
+            end_block = cdiv(num_computed + num_new, self.block_size)
+            needed += max(0, end_block - len(table))
+            for i in range(num_computed // self.block_size, min(end_block, len(table))):
+                if self.device.ref_counts[table[i]] > 1:
+                    writers[table[i]] += 1
+        for block_id, w in writers.items():
+            needed += w if w < self.device.ref_counts[block_id] else w - 1
+        return needed
+
+    def num_blocks_of(self, seq_ids: list[int], cpu: bool = False) -> int:
+        """Distinct physical blocks held by these sequences (shared blocks count once)."""
+        tables = self.cpu_tables if cpu else self.tables
+        return len({b for s in seq_ids for b in tables.get(s, [])})
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def allocate_slots(self, seq_id: int, num_computed: int, num_new: int) -> None:
+        """Make positions [num_computed, num_computed + num_new) writable by this sequence alone.
+
+        Callers check num_new_blocks() against device.num_free first; this never fails halfway.
+        """
+        table = self.tables.setdefault(seq_id, [])
+        end_block = cdiv(num_computed + num_new, self.block_size)
+        for i in range(num_computed // self.block_size, min(end_block, len(table))):
+            old = table[i]
+            if self.device.ref_counts[old] > 1:
+                new = self.device.allocate()
+                self._copies.append((old, new))
+                self.device.decref(old)
+                table[i] = new
+                self._synced.pop(seq_id, None)
+        while len(table) < end_block:
+            table.append(self.device.allocate())
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """The child shares every block of the parent (ref += 1); writes later copy on demand."""
+        table = list(self.tables[parent_id])
+        for block_id in table:
+            self.device.incref(block_id)
+        self.tables[child_id] = table
+
+    def free(self, seq_id: int) -> None:
+        for block_id in self.tables.pop(seq_id, []):
+            self.device.decref(block_id)
+        for block_id in self.cpu_tables.pop(seq_id, []):
+            self.cpu.decref(block_id)
+        self._synced.pop(seq_id, None)
+
+    # ---- swapping -----------------------------------------------------------------------------
+    def swap_out(self, seq_ids: list[int]) -> list[tuple[int, int]]:
+        """Move these sequences' blocks to the CPU pool, keeping sharing; returns (device, cpu)."""
+        return self._move(seq_ids, self.tables, self.cpu_tables, self.device, self.cpu)
+
+    def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
+        """Move these sequences' blocks back to the device pool; returns (cpu, device) pairs."""
+        return self._move(seq_ids, self.cpu_tables, self.tables, self.cpu, self.device)
+
+    def _move(
+        self,
+        seq_ids: list[int],
+        src_tables: dict[int, list[int]],
+        dst_tables: dict[int, list[int]],
+        src_pool: BlockPool,
+        dst_pool: BlockPool,
+    ) -> list[tuple[int, int]]:
+        mapping: dict[int, int] = {}  # src block -> dst block, so shared blocks move once
+        for seq_id in seq_ids:
+            new_table = []
+            for src in src_tables.pop(seq_id):
+                if src in mapping:
+                    dst_pool.incref(mapping[src])
+                else:
+                    mapping[src] = dst_pool.allocate()
+                src_pool.decref(src)
+                new_table.append(mapping[src])
+            dst_tables[seq_id] = new_table
+            self._synced.pop(seq_id, None)
+        return list(mapping.items())
+
+    # ---- plan support -------------------------------------------------------------------------
+    def take_table_update(self, seq_id: int) -> tuple[list[int], bool]:
+        """What the next plan sends for this seq: (block ids, replace_table)."""
+        table = self.tables[seq_id]
+        synced = self._synced.get(seq_id)
+        self._synced[seq_id] = len(table)
+        if synced is None:
+            return list(table), True
+        return table[synced:], False
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies, self._copies = self._copies, []
+        return copies
+
+    def check(self) -> None:
+        """Recompute every ref count from the tables and compare with both pools."""
+        overlap = self.tables.keys() & self.cpu_tables.keys()
+        if overlap:
+            raise AssertionError(f"sequences {sorted(overlap)} hold device and cpu blocks at once")
+        self.device.check(Counter(b for t in self.tables.values() for b in t))
+        self.cpu.check(Counter(b for t in self.cpu_tables.values() for b in t))

@@ -1,0 +1,357 @@
+"""The policy: FCFS admission, iteration-level batching under a token budget, whole-group preemption.
+
+One scheduling model for every sequence: the tokens whose K/V are cached (num_computed_tokens)
+against all its tokens. A step gives each running sequence its uncomputed tokens (1 when decoding,
+a chunk of the prompt when prefilling), so prefills and decodes share one batch.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.scheduler.block_manager import BlockManager, cdiv
+from services.scheduler.sequence import Sequence, SequenceGroup, SeqStatus
+from shared.config import SchedulerConfig
+from shared.errors import InvalidRequestError
+from shared.protocol import ExecutorReady, SampledToken, ScheduledSeq, StepPlan, StepResult
+from shared.sampling import SamplingParams
+
+
+@dataclass
+class GroupUpdate:
+    """What one step (or an abort) changed for one request."""
+
+    group: SequenceGroup
+    new_tokens: list[tuple[Sequence, SampledToken]] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass
+class _Entry:
+    seq: Sequence
+    group: SequenceGroup
+    num_new_tokens: int
+    fork_seq_ids: list[int]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, ready: ExecutorReady) -> None:
+        self.config = config
+        self.block_size = ready.block_size
+        self.vocab_size = ready.vocab_size
+        self.eos_token_ids = frozenset(ready.eos_token_ids)
+        self.block_manager = BlockManager(
+            ready.block_size, ready.num_device_blocks, ready.num_cpu_blocks
+        )
+        # Without chunked prefill a whole prompt must fit in one step, so the budget grows to the
+        # longest prompt we accept.
+        self.token_budget = config.max_num_batched_tokens
+        if not config.enable_chunked_prefill:
+            self.token_budget = max(self.token_budget, ready.max_model_len)
+        self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
+        self.watermark_blocks = int(config.watermark * ready.num_device_blocks)
+
+        self.waiting: deque[SequenceGroup] = deque()  # FCFS; recompute-preempted groups rejoin in order
+        self.running: list[SequenceGroup] = []  # arrival order
+        self.swapped: list[SequenceGroup] = []  # arrival order
+        self.groups: dict[str, SequenceGroup] = {}
+        self._inflight: dict[int, list[_Entry]] = {}  # step_id -> what that plan scheduled
+        self._freed_seq_ids: list[int] = []
+        self._pending_updates: list[GroupUpdate] = []  # requests ended by schedule() itself
+        self._next_seq_id = 0
+        self._next_arrival = 0
+        self._next_step_id = 0
+        self.num_preemptions = 0
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams
+    ) -> SequenceGroup:
+        """Validate and queue a request; raises InvalidRequestError without side effects."""
+        if request_id in self.groups:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="id")
+        self.validate_prompt(prompt_token_ids)
+        seq = Sequence(self._new_seq_id(), 0, list(prompt_token_ids), len(prompt_token_ids))
+        group = SequenceGroup(
+            request_id, self._next_arrival, sampling, [seq], max_seq_len=self.max_seq_len
+        )
+        self._next_arrival += 1
+        self.groups[request_id] = group
+        self.waiting.append(group)
+        return group
+
+    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})",
+                param="prompt",
+            )
+        if len(prompt_token_ids) >= self.max_seq_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_token_ids)} tokens, which leaves no room to generate: "
+                f"at most {self.max_seq_len - 1} prompt tokens fit this model's context and KV cache",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+
+    def abort(self, request_id: str) -> GroupUpdate | None:
+        """End a request now and free its blocks. Safe while a step holding it is in flight: the
+        blocks are only reused by a later plan, and update() skips finished sequences."""
+        group = self.groups.get(request_id)
+        if group is None:
+            return None
+        for queue in (self.running, self.swapped):
+            if group in queue:
+                queue.remove(group)
+        if group in self.waiting:
+            self.waiting.remove(group)
+        for seq in group.live_seqs():
+            self._finish(group, seq, "abort")
+        return GroupUpdate(group, finished=True)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.groups)
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(g.num_seats for g in self.running)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        budget = self.token_budget
+        entries: list[_Entry] = []
+        swap_out: list[tuple[int, int]] = []
+        swap_in: list[tuple[int, int]] = []
+        preempted = False
+
+        i = 0
+        while i < len(self.running):
+            group = self.running[i]
+            writes = self._plan_writes(group, budget)
+            if writes is None:
+                i += 1
+                continue
+            while not self._can_write(writes):
+                victim = self.running[-1]
+                if victim is group and len(self.running) == 1:
+                    # Alone and still too big for the whole pool: it can never run.
+                    self.running.pop()
+                    for seq in group.live_seqs():
+                        self._finish(group, seq, "length")
+                    self._pending_updates.append(GroupUpdate(group, finished=True))
+                    break
+                self._preempt(victim, swap_out)
+                preempted = True
+                if victim is group:
+                    break
+            else:
+                budget -= self._write(group, writes, entries)
+                i += 1
+
+        # The paper's rule: while any group is preempted, admit no new one. Swapped groups come
+        # back first; recompute-preempted ones sit at the head of `waiting` in arrival order.
+        while self.swapped and not preempted:
+            group = self.swapped[0]
+            seq_ids = [s.seq_id for s in group.live_seqs()]
+            need = self.block_manager.num_blocks_of(seq_ids, cpu=True) + len(seq_ids)
+            writes = self._plan_writes(group, budget)
+            free = self.block_manager.device.num_free
+            fits = need <= free - self.watermark_blocks or (not self.running and need <= free)
+            seats_ok = self.num_running_seqs + group.num_seats <= self.config.max_num_seqs
+            if writes is None or not seats_ok or not fits:
+                break
+            self.swapped.pop(0)
+            swap_in.extend(self.block_manager.swap_in(seq_ids))
+            group.set_status(SeqStatus.RUNNING)
+            bisect.insort(self.running, group, key=lambda g: g.arrival)
+            if self._can_write(writes):
+                budget -= self._write(group, writes, entries)
+
+        while self.waiting and not self.swapped and not preempted:
+            group = self.waiting[0]
+            writes = self._plan_writes(group, budget)
+            if writes is None or self.num_running_seqs + group.num_seats > self.config.max_num_seqs:
+                break
+            need = sum(cdiv(s.num_tokens, self.block_size) for s in group.live_seqs())
+            free = self.block_manager.device.num_free
+            fits = need <= free - self.watermark_blocks or (not self.running and need <= free)
+            if not fits or not self._can_write(writes):
+                break
+            self.waiting.popleft()
+            group.set_status(SeqStatus.RUNNING)
+            bisect.insort(self.running, group, key=lambda g: g.arrival)
+            budget -= self._write(group, writes, entries)
+
+        return self._make_plan(entries, swap_out, swap_in)
+
+    def update(self, result: StepResult) -> list[GroupUpdate]:
+        """Apply the executor's reply: advance counters, append tokens, fork, finish, free."""
+        entries = self._inflight.pop(result.step_id)
+        updates = {u.group.request_id: u for u in self._pending_updates}
+        self._pending_updates = []
+        if result.error is not None:
+            for entry in entries:
+                if not entry.seq.is_finished:
+                    self._finish(entry.group, entry.seq, "error")
+                    self._remove_if_done(entry.group, updates)
+            return list(updates.values())
+
+        sampled = {t.seq_id: t for t in result.tokens}
+        for entry in entries:
+            seq, group = entry.seq, entry.group
+            if seq.is_finished:  # aborted while the step ran
+                self._freed_seq_ids.extend(entry.fork_seq_ids)
+                continue
+            seq.num_computed_tokens += entry.num_new_tokens
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a non-final prompt chunk: nothing sampled
+            targets = [seq] + [self._fork(group, seq, cid) for cid in entry.fork_seq_ids]
+            update = updates.setdefault(group.request_id, GroupUpdate(group))
+            for target in targets:
+                token = sampled[target.seq_id]
+                target.token_ids.append(token.token_id)
+                if group.sampling.logprobs is not None:
+                    target.logprobs.append(token)
+                update.new_tokens.append((target, token))
+                reason = self._stop_reason(group, target, token.token_id)
+                if reason is not None:
+                    self._finish(group, target, reason)
+            self._remove_if_done(group, updates)
+        return list(updates.values())
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _plan_writes(self, group: SequenceGroup, budget: int) -> list[tuple[Sequence, int]] | None:
+        """Tokens each live sequence computes this step, or None if the group does not fit the
+        budget now (a group is scheduled whole or not at all)."""
+        writes = []
+        for seq in group.live_seqs():
+            uncomputed = seq.num_uncomputed_tokens
+            if self.config.enable_chunked_prefill:
+                n = min(uncomputed, budget)
+            else:
+                n = uncomputed if uncomputed <= budget else 0
+            if n == 0:
+                return None
+            budget -= n
+            writes.append((seq, n))
+        return writes
+
+    def _can_write(self, writes: list[tuple[Sequence, int]]) -> bool:
+        needed = self.block_manager.num_new_blocks(
+            [(s.seq_id, s.num_computed_tokens, n) for s, n in writes]
+        )
+        return needed <= self.block_manager.device.num_free
+
+    def _write(
+        self, group: SequenceGroup, writes: list[tuple[Sequence, int]], entries: list[_Entry]
+    ) -> int:
+        for seq, n in writes:
+            self.block_manager.allocate_slots(seq.seq_id, seq.num_computed_tokens, n)
+            fork_ids: list[int] = []
+            finishes_prompt = seq.num_computed_tokens + n == seq.num_tokens
+            if finishes_prompt and group.sampling.n > 1 and not group.forked:
+                fork_ids = [self._new_seq_id() for _ in range(group.sampling.n - 1)]
+                group.forked = True  # reserved now; the child sequences appear in update()
+            entries.append(_Entry(seq, group, n, fork_ids))
+        return sum(n for _, n in writes)
+
+    def _preempt(self, group: SequenceGroup, swap_out: list[tuple[int, int]]) -> None:
+        self.running.remove(group)
+        self.num_preemptions += 1
+        seq_ids = [s.seq_id for s in group.live_seqs()]
+        blocks = self.block_manager.num_blocks_of(seq_ids)
+        if self.config.preemption_mode == "swap" and blocks <= self.block_manager.cpu.num_free:
+            swap_out.extend(self.block_manager.swap_out(seq_ids))
+            group.set_status(SeqStatus.SWAPPED)
+            bisect.insort(self.swapped, group, key=lambda g: g.arrival)
+            return
+        # Recompute (also the fallback when the CPU pool is full): drop the KV, keep the tokens;
+        # prompt and generated tokens are prefilled again as one longer prompt.
+        for seq in group.live_seqs():
+            self.block_manager.free(seq.seq_id)
+            seq.num_computed_tokens = 0
+        group.set_status(SeqStatus.WAITING)
+        position = bisect.bisect(list(self.waiting), group.arrival, key=lambda g: g.arrival)
+        self.waiting.insert(position, group)
+
+    def _make_plan(
+        self, entries: list[_Entry], swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]
+    ) -> StepPlan:
+        seqs = []
+        for entry in entries:
+            seq = entry.seq
+            block_ids, replace = self.block_manager.take_table_update(seq.seq_id)
+            start = seq.num_computed_tokens
+            end = start + entry.num_new_tokens
+            seqs.append(
+                ScheduledSeq(
+                    seq_id=seq.seq_id,
+                    token_ids=seq.token_ids[start:end],
+                    start_pos=start,
+                    block_ids=block_ids,
+                    replace_table=replace,
+                    sample=end == seq.num_tokens,
+                    fork_seq_ids=entry.fork_seq_ids,
+                    sampling=None if seq.announced else entry.group.sampling,
+                )
+            )
+            seq.announced = True
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            seqs=seqs,
+            swap_out=swap_out,
+            swap_in=swap_in,
+            copies=self.block_manager.take_copies(),
+            freed_seq_ids=self._freed_seq_ids,
+        )
+        self._freed_seq_ids = []
+        self._inflight[plan.step_id] = entries
+        self._next_step_id += 1
+        return plan
+
+    def _fork(self, group: SequenceGroup, parent: Sequence, child_id: int) -> Sequence:
+        child = Sequence(
+            child_id,
+            len(group.seqs),
+            list(parent.token_ids),
+            parent.prompt_len,
+            num_computed_tokens=parent.num_computed_tokens,
+            status=parent.status,
+            announced=True,  # the executor derived its state when it sampled for it
+        )
+        self.block_manager.fork(parent.seq_id, child_id)
+        group.seqs.append(child)
+        return child
+
+    def _stop_reason(self, group: SequenceGroup, seq: Sequence, token_id: int) -> str | None:
+        sampling = group.sampling
+        if token_id in sampling.stop_token_ids:
+            return "stop"
+        if not sampling.ignore_eos and token_id in self.eos_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= sampling.max_tokens or seq.num_tokens >= group.max_seq_len:
+            return "length"
+        return None
+
+    def _finish(self, group: SequenceGroup, seq: Sequence, reason: str) -> None:
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.free(seq.seq_id)
+        self._freed_seq_ids.append(seq.seq_id)
+        if group.is_finished:
+            self.groups.pop(group.request_id, None)
+
+    def _remove_if_done(self, group: SequenceGroup, updates: dict[str, GroupUpdate]) -> None:
+        if group.is_finished:
+            if group in self.running:
+                self.running.remove(group)
+            updates.setdefault(group.request_id, GroupUpdate(group)).finished = True
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id - 1

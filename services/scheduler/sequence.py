@@ -1,0 +1,81 @@
+"""Sequences and sequence groups: token lists and the computed-vs-total counters that drive policy."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shared.protocol import SampledToken
+from shared.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # not admitted, or preempted by recompute
+    RUNNING = "running"  # KV (partly) resident in device blocks
+    SWAPPED = "swapped"  # preempted by swap: KV lives in CPU blocks
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    index: int  # position among the group's parallel samples (0 for the first)
+    token_ids: list[int]  # prompt followed by generated tokens
+    prompt_len: int
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    logprobs: list[SampledToken] = field(default_factory=list)  # one per output token, if asked
+    announced: bool = False  # the executor has this sequence's sampling state
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+
+@dataclass
+class SequenceGroup:
+    """All sequences of one request; scheduled, preempted and recovered as a unit."""
+
+    request_id: str
+    arrival: int  # arrival order, the FCFS key
+    sampling: SamplingParams
+    seqs: list[Sequence]
+    forked: bool = False  # n > 1: whether the parallel samples exist yet
+    max_seq_len: int = 0  # cap on any sequence's total length (model and pool limits)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.seqs[0].token_ids[: self.seqs[0].prompt_len]
+
+    def live_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+    @property
+    def num_seats(self) -> int:
+        """Sequences this group may run at once: n is reserved before the fork happens."""
+        return len(self.live_seqs()) if self.forked else self.sampling.n
+
+    def set_status(self, status: SeqStatus) -> None:
+        for seq in self.live_seqs():
+            seq.status = status

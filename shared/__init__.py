@@ -1,0 +1,1 @@
+"""Wire protocol, configuration and errors shared by every pagedserve process."""

@@ -1,0 +1,77 @@
+"""Engine configuration: frozen dataclasses, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PreemptionMode = Literal["swap", "recompute"]
+DTypeName = Literal["float32", "float16", "bfloat16", "float64"]
+
+GiB = 1 << 30
+
+
+def _positive(name: str, value: int | float | None, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = None  # local HF directory or .gguf file; None means the embedded model
+    dtype: DTypeName = "float32"  # fp32 is the fast dtype on AVX2 CPUs
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0  # seeds the sampler's shared generator for requests without their own seed
+    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
+            raise ValueError(f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}")
+        _positive("max_model_len", self.max_model_len, allow_none=True)
+        _positive("num_threads", self.num_threads, allow_none=True)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_device_blocks: int | None = None  # explicit pool size; wins over kv_cache_bytes
+    kv_cache_bytes: int = 1 * GiB  # budget for the device KV pool when num_device_blocks is None
+    swap_space_bytes: int = 1 * GiB  # CPU swap pool; capped at the device pool's size
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
+            raise ValueError(f"block_size must be an integer, got {self.block_size!r}")
+        if not 1 <= self.block_size <= 256:
+            raise ValueError(f"block_size must be in [1, 256], got {self.block_size}")
+        _positive("num_device_blocks", self.num_device_blocks, allow_none=True)
+        _positive("kv_cache_bytes", self.kv_cache_bytes)
+        if self.swap_space_bytes < 0:
+            raise ValueError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256  # running sequences per step, at most
+    max_num_batched_tokens: int = 2048  # tokens computed per step, at most (the token budget)
+    enable_chunked_prefill: bool = True  # split long prompts across steps to fit the budget
+    preemption_mode: PreemptionMode = "recompute"
+    # Fraction of device blocks kept free at admission so that admitted groups can grow a little
+    # before someone has to be preempted (avoids admit-then-preempt thrash).
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.preemption_mode not in ("swap", "recompute"):
+            raise ValueError(f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

