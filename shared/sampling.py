@@ -49,12 +49,16 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], base: SamplingParams | None = None) -> SamplingParams:
+    def from_dict(
+        cls, values: dict[str, Any], base: SamplingParams | None = None
+    ) -> SamplingParams:
         """Build from user-supplied values over `base`, rejecting unknown keys by name."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise InvalidRequestError(f"unknown sampling field(s): {', '.join(unknown)}", param=unknown[0])
+            raise InvalidRequestError(
+                f"unknown sampling field(s): {', '.join(unknown)}", param=unknown[0]
+            )
         merged = dataclasses.asdict(base) if base is not None else {}
         merged.update(values)
         if isinstance(merged.get("stop_token_ids"), list):
@@ -80,4 +84,3 @@ def _require_number(name: str, value: Any, low: float, high: float) -> None:
         raise InvalidRequestError(f"{name} must be a number, got {value!r}", param=name)
     if not low <= value <= high:
         raise InvalidRequestError(f"{name} must be in [{low}, {high}], got {value}", param=name)
-

@@ -42,7 +42,47 @@ def make_tiny_llama(
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(path)
+    make_tiny_tokenizer(vocab_size).save_pretrained(path)
     return path
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_tokenizer(vocab_size: int):
+    """A byte-level BPE trained on a fixed corpus: ids 0-2 are pad, <|im_start|>, <|im_end|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    words = "the capital of france is paris memory block page token cache model serve batch"
+    words = words.split()
+    corpus = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(200)]
+    corpus += [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(80)) for _ in range(200)
+    ]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    assert tokenizer.get_vocab_size() == vocab_size
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
 
 
 def engine_config(
@@ -61,7 +101,9 @@ def engine_config(
     hf = load_hf_config(model_dir)
     head_dim = hf.hidden_size // hf.num_attention_heads
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    bytes_per_block = hf.num_hidden_layers * 2 * block_size * hf.num_key_value_heads * head_dim * element
+    bytes_per_block = (
+        hf.num_hidden_layers * 2 * block_size * hf.num_key_value_heads * head_dim * element
+    )
     swap_blocks = num_cpu_blocks if num_cpu_blocks is not None else num_device_blocks or 0
     return EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype=dtype),

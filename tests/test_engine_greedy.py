@@ -22,7 +22,9 @@ def _run(engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams =
         return plan
 
     engine.scheduler.schedule = recording_schedule
-    outputs = engine.generate(prompts, sampling, on_step=lambda e: e.scheduler.block_manager.check())
+    outputs = engine.generate(
+        prompts, sampling, on_step=lambda e: e.scheduler.block_manager.check()
+    )
     return [o.outputs[0].token_ids for o in outputs], plans
 
 
@@ -96,7 +98,9 @@ def test_continuous_batching_admits_between_steps(tiny_model_dir, prompts):
         engine.step()
         batches.append({g.request_id for g in engine.scheduler.running})
     joined_mid_run = [
-        i for i in range(1, len(batches)) if batches[i] - batches[i - 1] and batches[i] & batches[i - 1]
+        i
+        for i in range(1, len(batches))
+        if batches[i] - batches[i - 1] and batches[i] & batches[i - 1]
     ]
     assert joined_mid_run, "no request joined a batch that was already running"
     assert ids[0] not in batches[5] and ids[4] in batches[5]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from shared.config import GiB, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -15,9 +15,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="local HF directory (config.json + safetensors + tokenizer) or .gguf file; "
         "default: the embedded SmolLM2-135M-Instruct",
     )
-    model.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"])
+    model.add_argument(
+        "--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"]
+    )
     model.add_argument("--max-model-len", type=int, default=None, help="context length cap")
-    model.add_argument("--engine-seed", type=int, default=0, help="seed for requests without a seed")
+    model.add_argument(
+        "--engine-seed", type=int, default=0, help="seed for requests without a seed"
+    )
     model.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
 
     cache = parser.add_argument_group("KV cache")
@@ -28,7 +32,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-seqs", type=int, default=256)
-    sched.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    sched.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="token budget per step"
+    )
     sched.add_argument(
         "--no-chunked-prefill",
         dest="chunked_prefill",

@@ -1,4 +1,4 @@
-"""`pagedserve generate`: prompts from a JSONL file through the in-process engine into a JSONL file."""
+"""`pagedserve generate`: JSONL prompts through the in-process engine into JSONL results."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ SAMPLING_FIELDS = (
 
 def add_generate_args(parser: argparse.ArgumentParser) -> None:
     io = parser.add_argument_group("input and output")
-    io.add_argument("--input", required=True, help="JSONL: prompt | prompt_token_ids | messages per line")
+    io.add_argument(
+        "--input", required=True, help="JSONL: prompt | prompt_token_ids | messages per line"
+    )
     io.add_argument("--output", required=True, help="JSONL file for the results; - for stdout")
     io.add_argument(
         "--chat",
@@ -56,11 +58,17 @@ def prompt_ids(engine: LLMEngine, line: dict[str, Any], chat: bool) -> list[int]
     """Token ids of one input line's prompt, from whichever form it gives."""
     forms = [k for k in ("prompt", "prompt_token_ids", "messages") if k in line]
     if len(forms) != 1:
-        raise InvalidRequestError("each line needs exactly one of prompt, prompt_token_ids, messages")
+        raise InvalidRequestError(
+            "each line needs exactly one of prompt, prompt_token_ids, messages"
+        )
     if "prompt_token_ids" in line:
         ids = line["prompt_token_ids"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise InvalidRequestError("prompt_token_ids must be a list of integers", param="prompt_token_ids")
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise InvalidRequestError(
+                "prompt_token_ids must be a list of integers", param="prompt_token_ids"
+            )
         return ids
     if "messages" in line:
         messages = line["messages"]
@@ -74,8 +82,12 @@ def prompt_ids(engine: LLMEngine, line: dict[str, Any], chat: bool) -> list[int]
         isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
         for m in messages
     ):
-        raise InvalidRequestError("messages must be a list of {role, content} objects", param="messages")
-    encoded = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        raise InvalidRequestError(
+            "messages must be a list of {role, content} objects", param="messages"
+        )
+    encoded = engine.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True
+    )
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
@@ -94,7 +106,10 @@ def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:
             sampling = SamplingParams.from_dict(overrides, base=defaults)
             request_of[engine.add_request(prompt_ids(engine, line, args.chat), sampling)] = index
         except json.JSONDecodeError as exc:
-            rows[index] = {"index": index, "error": InvalidRequestError(f"invalid JSON: {exc}").to_dict()["error"]}
+            rows[index] = {
+                "index": index,
+                "error": InvalidRequestError(f"invalid JSON: {exc}").to_dict()["error"],
+            }
         except PagedServeError as exc:
             rows[index] = {"index": index, "error": exc.to_dict()["error"]}
     from tqdm import tqdm
@@ -104,9 +119,13 @@ def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:
             for update in engine.step():
                 if update.finished:
                     out = RequestOutput.from_group(update.group)
-                    rows[request_of[out.request_id]] = _result_row(engine, request_of[out.request_id], out)
+                    rows[request_of[out.request_id]] = _result_row(
+                        engine, request_of[out.request_id], out
+                    )
                     bar.update(1)
-    out_file: TextIO = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    out_file: TextIO = (
+        sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    )
     try:
         for row in rows:
             out_file.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -115,7 +134,9 @@ def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:
             out_file.close()
     failed = sum(1 for r in rows if r and "error" in r)
     if failed:
-        print(f"{failed} of {len(rows)} lines were rejected (see their error fields)", file=sys.stderr)
+        print(
+            f"{failed} of {len(rows)} lines were rejected (see their error fields)", file=sys.stderr
+        )
     return 0
 
 

@@ -75,7 +75,9 @@ class Executor:
             state = self.seqs.get(seq.seq_id)
             if state is None:
                 if seq.sampling is None:
-                    raise ValueError(f"plan schedules unknown sequence {seq.seq_id} without sampling")
+                    raise ValueError(
+                        f"plan schedules unknown sequence {seq.seq_id} without sampling"
+                    )
                 state = _SeqState(seq.sampling, sequence_generator(seq.sampling, 0), [])
                 self.seqs[seq.seq_id] = state
             if seq.replace_table:
@@ -87,12 +89,16 @@ class Executor:
 
         t1 = time.perf_counter()
         inputs = build_inputs(
-            plan.seqs, {s.seq_id: self.seqs[s.seq_id].block_table for s in plan.seqs},
-            self.cache.block_size, self.device,
+            plan.seqs,
+            {s.seq_id: self.seqs[s.seq_id].block_table for s in plan.seqs},
+            self.cache.block_size,
+            self.device,
         )
         t2 = time.perf_counter()
         with torch.inference_mode():
-            hidden = self.model(inputs.input_ids, inputs.positions, self.cache.device, inputs.attention)
+            hidden = self.model(
+                inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
+            )
             logits = self.model.compute_logits(hidden[inputs.logits_rows])
         t3 = time.perf_counter()
         rows = []

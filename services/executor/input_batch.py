@@ -15,12 +15,17 @@ class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens] int64, sequences back to back
     positions: torch.Tensor  # [num_tokens] int64
     attention: AttentionMetadata
-    logits_rows: torch.Tensor  # [num_sampling_seqs] int64: flat row of each sampling seq's last token
+    logits_rows: (
+        torch.Tensor
+    )  # [num_sampling_seqs] int64: flat row of each sampling seq's last token
     logits_row_of: dict[int, int]  # seq_id -> row in the logits tensor
 
 
 def build_inputs(
-    seqs: list[ScheduledSeq], tables: dict[int, list[int]], block_size: int, device: torch.device | str
+    seqs: list[ScheduledSeq],
+    tables: dict[int, list[int]],
+    block_size: int,
+    device: torch.device | str,
 ) -> ModelInputs:
     input_ids: list[int] = []
     positions: list[int] = []

@@ -18,7 +18,9 @@ class KVCache:
         # copy-on-write and swaps move a block of every layer in one indexing op.
         block_shape = (config.block_size, spec.num_kv_heads, spec.head_dim)
         element_size = torch.empty((), dtype=dtype).element_size()
-        self.bytes_per_block = spec.num_layers * 2 * element_size * block_shape[0] * block_shape[1] * block_shape[2]
+        self.bytes_per_block = (
+            spec.num_layers * 2 * element_size * block_shape[0] * block_shape[1] * block_shape[2]
+        )
         num_device = config.num_device_blocks or config.kv_cache_bytes // self.bytes_per_block
         if num_device < 1:
             raise ValueError(
@@ -28,8 +30,12 @@ class KVCache:
         # The swap pool never needs more blocks than the device pool can hand over.
         num_cpu = min(config.swap_space_bytes // self.bytes_per_block, num_device)
         # Zeros, not empty: padded attention reads of unused slots must be finite (0 * NaN = NaN).
-        self.device = torch.zeros((spec.num_layers, 2, num_device, *block_shape), dtype=dtype, device=device)
-        self.cpu = torch.zeros((spec.num_layers, 2, num_cpu, *block_shape), dtype=dtype, device="cpu")
+        self.device = torch.zeros(
+            (spec.num_layers, 2, num_device, *block_shape), dtype=dtype, device=device
+        )
+        self.cpu = torch.zeros(
+            (spec.num_layers, 2, num_cpu, *block_shape), dtype=dtype, device="cpu"
+        )
 
     @property
     def num_device_blocks(self) -> int:

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) over flat varlen batches and a paged KV cache.
+"""A Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) over flat batches and a paged KV cache.
 
 No padding anywhere: the batch is one [num_tokens, ...] tensor holding prompt chunks and decode
 tokens of many sequences; attention finds each sequence's context through its block table.
@@ -74,7 +74,9 @@ def rope_tables(config, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
     if rope_type not in STATIC_ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not supported ({', '.join(STATIC_ROPE_TYPES)})")
+        raise ValueError(
+            f"rope_type {rope_type!r} is not supported ({', '.join(STATIC_ROPE_TYPES)})"
+        )
     if rope_type == "default":
         heads = config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -109,7 +111,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, spec: LlamaSpec) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.head_dim,
+        )
         q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.split = (q_size, kv_size, kv_size)
         # q, k and v in one matmul: one pass over the activations instead of three.
@@ -140,7 +146,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: LlamaSpec) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias)
+        self.gate_up_proj = nn.Linear(
+            spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias
+        )
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]

@@ -19,7 +19,9 @@ _FUSED = {
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
 }
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.\w+_proj)\.(weight|bias)$")
+_LAYER = re.compile(
+    r"^model\.layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.\w+_proj)\.(weight|bias)$"
+)
 
 
 def load_hf_config(model_dir: Path):
@@ -73,10 +75,14 @@ def _copy_weights(model: LlamaForCausalLM, spec: LlamaSpec, model_dir: Path) -> 
                 filled[target] += tensor.numel()
     missing = sorted(p for p, t in params.items() if filled[p] != t.numel())
     if missing:
-        raise ValueError(f"checkpoint in {model_dir} lacks tensors for {missing[:3]} ({len(missing)})")
+        raise ValueError(
+            f"checkpoint in {model_dir} lacks tensors for {missing[:3]} ({len(missing)})"
+        )
 
 
-def _target(name: str, shard_sizes: dict[str, list[int]]) -> tuple[str | None, tuple[int, int] | None]:
+def _target(
+    name: str, shard_sizes: dict[str, list[int]]
+) -> tuple[str | None, tuple[int, int] | None]:
     """Our parameter name (and row range for fused ones) for a checkpoint tensor name."""
     if name.startswith("model."):
         match = _LAYER.match(name)

@@ -29,23 +29,25 @@ class BlockManager:
         self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet in a plan
 
     # ---- sizing -------------------------------------------------------------------------------
-    def num_new_blocks(self, writes: list[Write]) -> int:
+    def num_new_blocks(self, writes: list[Write], swapped: bool = False) -> int:
         """Device blocks that `writes` need: missing blocks plus copy-on-write of shared ones.
 
         A shared block with ref count r written by w of these sequences needs w copies if w < r,
-        else w - 1: the last writer finds itself sole owner and writes in place.
+        else w - 1: the last writer finds itself sole owner and writes in place. With swapped=True
+        the tables are the CPU ones (what the writes will need once swapped back in).
         """
+        tables, pool = (self.cpu_tables, self.cpu) if swapped else (self.tables, self.device)
         needed = 0
         writers: Counter[int] = Counter()
         for seq_id, num_computed, num_new in writes:
-            table = self.tables.get(seq_id, [])
+            table = tables.get(seq_id, [])
             end_block = cdiv(num_computed + num_new, self.block_size)
             needed += max(0, end_block - len(table))
             for i in range(num_computed // self.block_size, min(end_block, len(table))):
-                if self.device.ref_counts[table[i]] > 1:
+                if pool.ref_counts[table[i]] > 1:
                     writers[table[i]] += 1
         for block_id, w in writers.items():
-            needed += w if w < self.device.ref_counts[block_id] else w - 1
+            needed += w if w < pool.ref_counts[block_id] else w - 1
         return needed
 
     def num_blocks_of(self, seq_ids: list[int], cpu: bool = False) -> int:

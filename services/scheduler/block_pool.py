@@ -42,7 +42,7 @@ class BlockPool:
             self._free.append(block_id)
 
     def check(self, expected: Counter[int]) -> None:
-        """Assert that ref counts equal `expected` (recomputed from tables) and the free list is exact."""
+        """Assert ref counts equal `expected` (recounted from tables) and the free list is exact."""
         for block_id in range(self.num_blocks):
             if self.ref_counts[block_id] != expected.get(block_id, 0):
                 raise AssertionError(

@@ -1,4 +1,4 @@
-"""The policy: FCFS admission, iteration-level batching under a token budget, whole-group preemption.
+"""The policy: FCFS admission, iteration-level batching under a token budget, group preemption.
 
 One scheduling model for every sequence: the tokens whose K/V are cached (num_computed_tokens)
 against all its tokens. A step gives each running sequence its uncomputed tokens (1 when decoding,
@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from services.scheduler.block_manager import BlockManager, cdiv
-from services.scheduler.sequence import Sequence, SequenceGroup, SeqStatus
+from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from shared.config import SchedulerConfig
 from shared.errors import InvalidRequestError
 from shared.protocol import ExecutorReady, SampledToken, ScheduledSeq, StepPlan, StepResult
@@ -53,7 +53,9 @@ class Scheduler:
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
         self.watermark_blocks = int(config.watermark * ready.num_device_blocks)
 
-        self.waiting: deque[SequenceGroup] = deque()  # FCFS; recompute-preempted groups rejoin in order
+        self.waiting: deque[SequenceGroup] = (
+            deque()
+        )  # FCFS; recompute-preempted groups rejoin in order
         self.running: list[SequenceGroup] = []  # arrival order
         self.swapped: list[SequenceGroup] = []  # arrival order
         self.groups: dict[str, SequenceGroup] = {}
@@ -73,6 +75,11 @@ class Scheduler:
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="id")
         self.validate_prompt(prompt_token_ids)
+        if sampling.n > self.config.max_num_seqs:
+            raise InvalidRequestError(
+                f"n={sampling.n} exceeds this server's max_num_seqs={self.config.max_num_seqs}",
+                param="n",
+            )
         seq = Sequence(self._new_seq_id(), 0, list(prompt_token_ids), len(prompt_token_ids))
         group = SequenceGroup(
             request_id, self._next_arrival, sampling, [seq], max_seq_len=self.max_seq_len
@@ -85,7 +92,11 @@ class Scheduler:
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        bad = [
+            t
+            for t in prompt_token_ids
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
+        ]
         if bad:
             raise InvalidRequestError(
                 f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})",
@@ -94,7 +105,7 @@ class Scheduler:
         if len(prompt_token_ids) >= self.max_seq_len:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt_token_ids)} tokens, which leaves no room to generate: "
-                f"at most {self.max_seq_len - 1} prompt tokens fit this model's context and KV cache",
+                f"at most {self.max_seq_len - 1} prompt tokens fit the model context and KV cache",
                 param="prompt",
                 code="context_length_exceeded",
             )
@@ -139,11 +150,8 @@ class Scheduler:
             while not self._can_write(writes):
                 victim = self.running[-1]
                 if victim is group and len(self.running) == 1:
-                    # Alone and still too big for the whole pool: it can never run.
-                    self.running.pop()
-                    for seq in group.live_seqs():
-                        self._finish(group, seq, "length")
-                    self._pending_updates.append(GroupUpdate(group, finished=True))
+                    self.running.pop()  # alone and still too big for the whole pool
+                    self._end_for_capacity(group)
                     break
                 self._preempt(victim, swap_out)
                 preempted = True
@@ -157,30 +165,39 @@ class Scheduler:
         # back first; recompute-preempted ones sit at the head of `waiting` in arrival order.
         while self.swapped and not preempted:
             group = self.swapped[0]
-            seq_ids = [s.seq_id for s in group.live_seqs()]
-            need = self.block_manager.num_blocks_of(seq_ids, cpu=True) + len(seq_ids)
             writes = self._plan_writes(group, budget)
-            free = self.block_manager.device.num_free
-            fits = need <= free - self.watermark_blocks or (not self.running and need <= free)
-            seats_ok = self.num_running_seqs + group.num_seats <= self.config.max_num_seqs
-            if writes is None or not seats_ok or not fits:
+            if writes is None or not self._has_seats(group):
+                break
+            seq_ids = [s.seq_id for s in group.live_seqs()]
+            need = self.block_manager.num_blocks_of(seq_ids, cpu=True) + (
+                self.block_manager.num_new_blocks(self._as_writes(writes), swapped=True)
+            )
+            if not self._fits(need):
+                if not self.running and need > self.block_manager.device.num_blocks:
+                    self.swapped.pop(0)
+                    self._end_for_capacity(group)
+                    continue
                 break
             self.swapped.pop(0)
             swap_in.extend(self.block_manager.swap_in(seq_ids))
             group.set_status(SeqStatus.RUNNING)
             bisect.insort(self.running, group, key=lambda g: g.arrival)
-            if self._can_write(writes):
-                budget -= self._write(group, writes, entries)
+            budget -= self._write(group, writes, entries)
 
         while self.waiting and not self.swapped and not preempted:
             group = self.waiting[0]
             writes = self._plan_writes(group, budget)
-            if writes is None or self.num_running_seqs + group.num_seats > self.config.max_num_seqs:
+            if writes is None or not self._has_seats(group):
                 break
+            # Admit only when the whole (re)computation fits above the watermark, so an admitted
+            # group is not preempted right away. Forked samples recomputed without their shared
+            # prompt blocks can outgrow even an idle pool: those end instead of blocking the queue.
             need = sum(cdiv(s.num_tokens, self.block_size) for s in group.live_seqs())
-            free = self.block_manager.device.num_free
-            fits = need <= free - self.watermark_blocks or (not self.running and need <= free)
-            if not fits or not self._can_write(writes):
+            if not self.running and need > self.block_manager.device.num_blocks:
+                self.waiting.popleft()
+                self._end_for_capacity(group)
+                continue
+            if not (self._fits(need) and self._can_write(writes)):
                 break
             self.waiting.popleft()
             group.set_status(SeqStatus.RUNNING)
@@ -226,8 +243,11 @@ class Scheduler:
 
     # ---- helpers ------------------------------------------------------------------------------
     def _plan_writes(self, group: SequenceGroup, budget: int) -> list[tuple[Sequence, int]] | None:
-        """Tokens each live sequence computes this step, or None if the group does not fit the
-        budget now (a group is scheduled whole or not at all)."""
+        """Tokens each live sequence computes this step, or None if none fits the budget.
+
+        A sequence the budget cannot serve now (a prompt that chunking may not split) waits for
+        a later step; its group is still preempted and recovered whole.
+        """
         writes = []
         for seq in group.live_seqs():
             uncomputed = seq.num_uncomputed_tokens
@@ -235,16 +255,32 @@ class Scheduler:
                 n = min(uncomputed, budget)
             else:
                 n = uncomputed if uncomputed <= budget else 0
-            if n == 0:
-                return None
-            budget -= n
-            writes.append((seq, n))
-        return writes
+            if n > 0:
+                budget -= n
+                writes.append((seq, n))
+        return writes or None
+
+    def _as_writes(self, writes: list[tuple[Sequence, int]]) -> list[tuple[int, int, int]]:
+        return [(s.seq_id, s.num_computed_tokens, n) for s, n in writes]
+
+    def _has_seats(self, group: SequenceGroup) -> bool:
+        return self.num_running_seqs + group.num_seats <= self.config.max_num_seqs
+
+    def _fits(self, num_blocks: int) -> bool:
+        """Whether taking num_blocks leaves the watermark free (or the pool is idle anyway)."""
+        free = self.block_manager.device.num_free
+        return num_blocks <= free - self.watermark_blocks or (
+            not self.running and num_blocks <= free
+        )
+
+    def _end_for_capacity(self, group: SequenceGroup) -> None:
+        """A group that cannot fit the whole pool even alone ends with "length", never loops."""
+        for seq in group.live_seqs():
+            self._finish(group, seq, "length")
+        self._pending_updates.append(GroupUpdate(group, finished=True))
 
     def _can_write(self, writes: list[tuple[Sequence, int]]) -> bool:
-        needed = self.block_manager.num_new_blocks(
-            [(s.seq_id, s.num_computed_tokens, n) for s, n in writes]
-        )
+        needed = self.block_manager.num_new_blocks(self._as_writes(writes))
         return needed <= self.block_manager.device.num_free
 
     def _write(

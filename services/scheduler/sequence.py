@@ -1,4 +1,4 @@
-"""Sequences and sequence groups: token lists and the computed-vs-total counters that drive policy."""
+"""Sequences and sequence groups: token lists and the computed-vs-total counters of the policy."""
 
 from __future__ import annotations
 
@@ -73,8 +73,10 @@ class SequenceGroup:
 
     @property
     def num_seats(self) -> int:
-        """Sequences this group may run at once: n is reserved before the fork happens."""
-        return len(self.live_seqs()) if self.forked else self.sampling.n
+        """Sequences this group may run at once: n seats are held until the samples exist."""
+        if len(self.seqs) < self.sampling.n and not self.is_finished:
+            return self.sampling.n
+        return len(self.live_seqs())
 
     def set_status(self, status: SeqStatus) -> None:
         for seq in self.live_seqs():
