@@ -14,7 +14,7 @@ class PrefillSpan:
     query_start: int  # first row of this sequence in the flat batch
     query_end: int  # one past its last row
     start_pos: int  # tokens already cached before this step; 0 means no cached context
-    slots: torch.Tensor  # [start_pos + query_len] int64 flat cache slots of the whole context
+    blocks: torch.Tensor  # [num_blocks] int64 block ids holding the whole context
 
 
 @dataclass
@@ -31,8 +31,9 @@ class AttentionMetadata:
     # The reference path batches single-token (decode) sequences into one padded call and loops
     # over the others; both views are precomputed here so layers do not redo them.
     decode_rows: torch.Tensor  # [num_decodes] int64 row of each decode sequence's query
-    decode_slots: torch.Tensor  # [num_decodes, max_decode_ctx] int64 cache slots, padded
-    decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_decode_ctx] bool: slot holds context
+    # Whole blocks are gathered (one 2-D copy per block beats one per slot); padding masked.
+    decode_blocks: torch.Tensor  # [num_decodes, max_decode_blocks] int64 block ids, padded
+    decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_decode_blocks * block_size] bool
     prefills: list[PrefillSpan]
 
 
@@ -64,19 +65,19 @@ def build_attention_metadata(
         if query_lens[i] == 1:
             decode_seq_idx.append(i)
         else:
-            prefills.append(
-                PrefillSpan(start, end, start_positions[i], all_slots[i, : seq_lens[i]])
-            )
+            num_blocks = -(-seq_lens[i] // block_size)
+            prefills.append(PrefillSpan(start, end, start_positions[i], table[i, :num_blocks]))
 
     decode_idx = torch.tensor(decode_seq_idx, dtype=torch.int64)
     qsl = torch.tensor(query_start_loc, dtype=torch.int64)
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     if decode_seq_idx:
-        max_ctx = int(lens[decode_idx].max())
-        decode_slots = all_slots[decode_idx, :max_ctx]
-        decode_mask = torch.arange(max_ctx)[None, :] < lens[decode_idx][:, None]
+        max_decode_blocks = -(-int(lens[decode_idx].max()) // block_size)
+        decode_blocks = table[decode_idx, :max_decode_blocks]
+        positions = torch.arange(max_decode_blocks * block_size)
+        decode_mask = positions[None, :] < lens[decode_idx][:, None]
     else:
-        decode_slots = torch.zeros((0, 0), dtype=torch.int64)
+        decode_blocks = torch.zeros((0, 0), dtype=torch.int64)
         decode_mask = torch.zeros((0, 0), dtype=torch.bool)
     return AttentionMetadata(
         slot_mapping=torch.cat(slot_mapping).to(device)
@@ -87,10 +88,10 @@ def build_attention_metadata(
         block_tables=table.to(device),
         block_size=block_size,
         decode_rows=qsl[decode_idx].to(device),
-        decode_slots=decode_slots.to(device),
+        decode_blocks=decode_blocks.to(device),
         decode_mask=decode_mask[:, None, None, :].to(device),
         prefills=[
-            PrefillSpan(p.query_start, p.query_end, p.start_pos, p.slots.to(device))
+            PrefillSpan(p.query_start, p.query_end, p.start_pos, p.blocks.to(device))
             for p in prefills
         ],
     )

@@ -34,37 +34,45 @@ def paged_attention(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its whole cached context.
 
-    Keys and values are gathered through the block table; a sequence with no cached context
+    Keys and values are gathered block by block through the block table; a sequence with no cached context
     (start_pos == 0) may read this step's K/V directly, which are the same values store_kv wrote.
     """
     out = torch.empty_like(query)
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])  # [num_slots, num_kv_heads, head_dim]
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if meta.decode_rows.numel():
-        q = query[meta.decode_rows].unsqueeze(2)  # [B, num_heads, 1, head_dim]
-        k = flat_k[meta.decode_slots].transpose(1, 2)  # [B, num_kv_heads, ctx, head_dim]
-        v = flat_v[meta.decode_slots].transpose(1, 2)
+        num_decodes, max_blocks = meta.decode_blocks.shape
+        flat_blocks = meta.decode_blocks.reshape(-1)
+        # index_select copies whole blocks: [B * max_blocks, block_size, kv_heads, head_dim]
+        k = k_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
+        v = v_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
+        pure_decode = not meta.prefills  # then row i is decode i: no gather or scatter of rows
+        q = query if pure_decode else query.index_select(0, meta.decode_rows)
         o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-        )
-        out[meta.decode_rows] = o.squeeze(2)
+            q.unsqueeze(2),  # [B, num_heads, 1, head_dim]
+            k.transpose(1, 2),  # [B, kv_heads, max_blocks * block_size, head_dim]
+            v.transpose(1, 2),
+            attn_mask=meta.decode_mask,
+            scale=scale,
+            enable_gqa=True,
+        ).squeeze(2)
+        if pure_decode:
+            return o
+        out[meta.decode_rows] = o
     for span in meta.prefills:
         rows = slice(span.query_start, span.query_end)
         q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
+        q_len = q.shape[1]
         if span.start_pos == 0 and new_key is not None and new_value is not None:
             k, v = new_key[rows].transpose(0, 1), new_value[rows].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=True
-            )
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            k = flat_k[span.slots].transpose(0, 1)  # [num_kv_heads, ctx, head_dim]
-            v = flat_v[span.slots].transpose(0, 1)
-            q_len, ctx = q.shape[1], k.shape[1]
+            ctx = span.start_pos + q_len
+            k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+            v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, ctx, head_dim]
             # query i sits at position start_pos + i and sees keys at positions <= that
             mask = torch.arange(ctx)[None, :] <= torch.arange(q_len)[:, None] + span.start_pos
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-            )
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[rows] = o.transpose(0, 1)
     return out
 

@@ -103,6 +103,30 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+# Between these row counts MKL runs W @ x^T faster than x @ W^T on this class of CPU (skinny
+# activations against wide weights: decode batches; 1.3-2.1x for the wide layers, see
+# benchmarks/linear_orientation.py); outside it, x @ W^T is as fast or faster.
+FLIPPED_ROWS = (16, 256)
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """layer(x) for x [num_rows, in_features] -> [num_rows, out_features], fastest orientation."""
+    return linear_weight(x, layer.weight, layer.bias)
+
+
+def linear_weight(
+    x: torch.Tensor,  # [num_rows, in_features]
+    weight: torch.Tensor,  # [out_features, in_features]
+    bias: torch.Tensor | None = None,  # [out_features]
+) -> torch.Tensor:  # [num_rows, out_features]
+    if not FLIPPED_ROWS[0] <= x.shape[0] <= FLIPPED_ROWS[1]:
+        return F.linear(x, weight, bias)
+    # Made contiguous again: later elementwise ops would keep the column-major layout, and
+    # attention kernels fall back to slow paths on it.
+    out = torch.mm(weight, x.t()).t().contiguous()
+    return out if bias is None else out + bias
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -132,7 +156,7 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q, k, v = linear(x, self.qkv_proj).split(self.split, dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -140,7 +164,7 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         kernels.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
         o = kernels.paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, k, v)
-        return self.o_proj(o.reshape(num_tokens, -1))
+        return linear(o.reshape(num_tokens, -1), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -152,8 +176,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -200,4 +224,4 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_rows, hidden] -> [num_rows, vocab] fp32, only for the rows that sample."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(self.norm(hidden), weight).float()
+        return linear_weight(self.norm(hidden), weight).float()

@@ -35,12 +35,16 @@ def sample(
     shared_generator: torch.Generator,
 ) -> list[SampledToken]:
     """Draw one token per row. Several rows may read the same logits (n > 1 forks)."""
-    index = torch.tensor([r.logits_row for r in rows], dtype=torch.int64)
-    logits = logits[index]  # [num_rows, vocab]
+    row_ids = [r.logits_row for r in rows]
+    if row_ids != list(range(logits.shape[0])):  # forks read a row twice: expand (copies)
+        logits = logits.index_select(0, torch.tensor(row_ids, dtype=torch.int64))
+    # logits: [num_rows, vocab]
     tokens = torch.empty(len(rows), dtype=torch.int64)
 
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-    if greedy:
+    if len(greedy) == len(rows):
+        tokens = logits.argmax(dim=-1)
+    elif greedy:
         tokens[greedy] = logits[greedy].argmax(dim=-1)
     random = [i for i, r in enumerate(rows) if not r.params.greedy]
     if random:
