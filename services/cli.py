@@ -19,7 +19,21 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(generate)
     add_generate_args(generate)
 
+    from services.gateway.service import add_gateway_args
+
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible API (three processes)")
+    add_engine_args(serve)
+    add_gateway_args(serve)
+
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        from services.launcher import serve as run_serve
+
+        try:
+            return run_serve(args)
+        except (PagedServeError, ValueError) as exc:
+            print(f"pagedserve: error: {exc}", file=sys.stderr)
+            return 2
     try:
         config = engine_config_from_args(args)
         from services.engine.llm_engine import LLMEngine

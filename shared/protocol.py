@@ -69,3 +69,87 @@ class StepResult:
     tokens: list[SampledToken]  # one per sampled sequence, plan order, children after parent
     timings: dict[str, float] = field(default_factory=dict)  # seconds per executor phase
     error: str | None = None  # set when the step failed; the scheduler ends its requests
+
+
+# ---- scheduler <-> gateway --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SchedulerReady:
+    """Sent to the gateway once the executor is up and the block manager is built."""
+
+    executor: ExecutorReady
+    max_num_seqs: int
+    model_name: str  # what /v1/models reports and requests must name
+
+
+@dataclass
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time: float  # time.time() when the gateway accepted it
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+
+
+@dataclass
+class SeqDelta:
+    """New tokens of one of a request's n samples since the last delta."""
+
+    index: int  # which sample (0 .. n-1)
+    token_ids: list[int]
+    logprobs: list[SampledToken] = field(default_factory=list)  # one per token, if asked
+    finish_reason: str | None = None  # set once the sample has ended
+
+
+@dataclass
+class RequestDelta:
+    request_id: str
+    seqs: list[SeqDelta]
+    finished: bool  # the request's last message: every sample has ended
+    # OpenAI-style {"message", "type", "param", "code"} when the scheduler rejected or failed it
+    error: dict | None = None
+    num_prompt_tokens: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    """Gauges and counters the gateway exports on /metrics; sent with every delta batch."""
+
+    num_running: int  # sequences
+    num_waiting: int  # requests (groups) not yet admitted or preempted by recompute
+    num_swapped: int  # requests preempted by swap
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions: int  # since start
+    num_steps: int  # since start
+    step_scheduler_s: float = 0.0  # last step: schedule() + update() in the scheduler
+    step_executor_s: float = 0.0  # last step: the executor's own time (plan in, result out)
+    step_roundtrip_s: float = 0.0  # last step: plan sent -> result received, as seen by scheduler
+    executor_alive: bool = True  # the executor's heartbeat is fresh
+
+
+@dataclass
+class TokenDeltas:
+    """One message per step (or heartbeat) from the scheduler to the gateway."""
+
+    deltas: list[RequestDelta]
+    stats: SchedulerStats
+
+
+@dataclass
+class ExecutorHeartbeat:
+    """Sent by the executor every second, also mid-step, so a dead executor is noticed."""
+
+    pid: int
+
+
+@dataclass
+class Shutdown:
+    """Asks a process to exit cleanly."""
+
+    reason: str = ""

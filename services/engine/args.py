@@ -66,3 +66,29 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             preemption_mode=args.preemption_mode,
         ),
     )
+
+
+def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
+    """The engine flags of `args` as a command line for a child process, with `model` swapped in."""
+    argv = [
+        "--dtype", args.dtype,
+        "--engine-seed", str(args.engine_seed),
+        "--block-size", str(args.block_size),
+        "--kv-cache-gb", str(args.kv_cache_gb),
+        "--swap-space-gb", str(args.swap_space_gb),
+        "--max-num-seqs", str(args.max_num_seqs),
+        "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+        "--preemption-mode", args.preemption_mode,
+    ]  # fmt: skip
+    optional = {
+        "--model": model,
+        "--max-model-len": args.max_model_len,
+        "--num-threads": args.num_threads,
+        "--num-device-blocks": args.num_device_blocks,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if not args.chunked_prefill:
+        argv.append("--no-chunked-prefill")
+    return argv

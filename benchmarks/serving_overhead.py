@@ -1,0 +1,123 @@
+"""Scheduler and IPC time per step against executor time, with real processes over ZeroMQ.
+
+Starts the scheduler and executor processes, streams N concurrent greedy requests through the
+gateway's ZeroMQ backend (no HTTP), and reads the per-step timings the scheduler reports:
+schedule()+update() time, the executor's own time, and the plan->result round trip (whose
+excess over the executor's time is serialization plus transport).
+
+    .venv/bin/python benchmarks/serving_overhead.py --num-requests 32 --output-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.gateway.zmq_backend import ZmqBackend  # noqa: E402
+from shared.ipc import Addresses  # noqa: E402
+from shared.model_source import resolve_model  # noqa: E402
+from shared.protocol import GenerateRequest  # noqa: E402
+from shared.sampling import SamplingParams  # noqa: E402
+
+
+async def drive(args, addresses: Addresses, vocab: int) -> dict:
+    stats = []
+    backend = ZmqBackend(addresses, stats_log=stats)
+    await backend.start()
+    while not backend.ready:
+        await asyncio.sleep(0.2)
+    rng = random.Random(0)
+    sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+
+    async def one() -> int:
+        prompt = [rng.randrange(100, vocab) for _ in range(args.input_len)]
+        request = GenerateRequest(uuid.uuid4().hex, prompt, sampling, time.time())
+        count = 0
+        async for delta in backend.generate(request):
+            count += sum(len(s.token_ids) for s in delta.seqs)
+        return count
+
+    start = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(one() for _ in range(args.num_requests))))
+    elapsed = time.perf_counter() - start
+    await backend.close()
+    steps = [s for s in stats if s.step_executor_s > 0]
+    sched = [s.step_scheduler_s for s in steps]
+    execu = [s.step_executor_s for s in steps]
+    ipc = [max(0.0, s.step_roundtrip_s - s.step_executor_s) for s in steps]
+    return {
+        "requests": args.num_requests,
+        "output_tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "steps_observed": len(steps),
+        "mean_ms": {
+            "scheduler": 1000 * statistics.mean(sched),
+            "ipc_and_serialization": 1000 * statistics.mean(ipc),
+            "executor": 1000 * statistics.mean(execu),
+        },
+        "overhead_fraction": (sum(sched) + sum(ipc)) / sum(execu),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--output", default="benchmarks/results/serving_overhead.json")
+    args = parser.parse_args()
+
+    model_dir = resolve_model(args.model)
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    addresses = Addresses.ipc(tempfile.mkdtemp(prefix="pagedserve-bench-"))
+    wires = [
+        "--requests-addr", addresses.requests, "--deltas-addr", addresses.deltas,
+        "--plans-addr", addresses.plans, "--results-addr", addresses.results,
+    ]  # fmt: skip
+    common = ["--model", str(model_dir), *wires]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "services.scheduler", *common]),
+        subprocess.Popen([sys.executable, "-m", "services.executor", *common]),
+    ]
+    try:
+        result = asyncio.run(drive(args, addresses, vocab))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+    result["command"] = " ".join(sys.argv)
+    m = result["mean_ms"]
+    print(
+        f"{result['requests']} streams, {result['output_tokens']} tokens in "
+        f"{result['seconds']:.1f} s ({result['tokens_per_s']:.1f} tok/s), "
+        f"{result['steps_observed']} steps"
+    )
+    print(
+        f"per step: scheduler {m['scheduler']:.2f} ms, IPC+serialization "
+        f"{m['ipc_and_serialization']:.2f} ms, executor {m['executor']:.1f} ms; "
+        f"overhead {100 * result['overhead_fraction']:.2f}% of executor time"
+    )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    print("wrote", args.output)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from services.executor.service import main
+
+sys.exit(main())

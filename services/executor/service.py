@@ -1,0 +1,78 @@
+"""The executor process: announce the pool, then run each plan that arrives, return its result."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+
+import zmq
+
+from services.engine.args import add_engine_args, engine_config_from_args
+from services.executor.executor import Executor
+from shared.ipc import add_address_args, addresses_from_args, make_socket, recv_sync, send_sync
+from shared.model_source import resolve_model
+from shared.protocol import ExecutorHeartbeat, Shutdown, StepPlan
+
+log = logging.getLogger("pagedserve.executor")
+HEARTBEAT_S = 1.0
+
+
+def serve(args: argparse.Namespace) -> int:
+    config = engine_config_from_args(args)
+    model_dir = resolve_model(config.model.model)
+    executor = Executor(config, model_dir)
+    ctx = zmq.Context()
+    addresses = addresses_from_args(args)
+    plans = make_socket(ctx, zmq.PULL, addresses.plans, bind=False)
+    results = make_socket(ctx, zmq.PUSH, addresses.results, bind=False)
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_heartbeat, args=(ctx, addresses.results, stop), name="heartbeat", daemon=True
+    )
+    beat.start()
+    send_sync(results, executor.ready())
+    log.info("executor ready: %s", executor.ready())
+    try:
+        while True:
+            message = recv_sync(plans, timeout_ms=1000)
+            if message is None:
+                if _orphaned(args.parent_pid):
+                    log.warning("parent process is gone; exiting")
+                    return 1
+                continue
+            if isinstance(message, Shutdown):
+                return 0
+            if isinstance(message, StepPlan):
+                send_sync(results, executor.execute(message))
+    finally:
+        stop.set()
+        ctx.destroy(linger=0)
+
+
+def _heartbeat(ctx: zmq.Context, address: str, stop: threading.Event) -> None:
+    # Its own socket: zmq sockets are not thread-safe. torch releases the GIL in its kernels,
+    # so this thread keeps beating through long forward passes.
+    sock = make_socket(ctx, zmq.PUSH, address, bind=False)
+    try:
+        while not stop.wait(HEARTBEAT_S):
+            send_sync(sock, ExecutorHeartbeat(os.getpid()))
+    except zmq.ContextTerminated:
+        pass
+    finally:
+        sock.close(linger=0)
+
+
+def _orphaned(parent_pid: int | None) -> bool:
+    return parent_pid is not None and os.getppid() != parent_pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.executor")
+    add_engine_args(parser)
+    add_address_args(parser)
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return serve(args)

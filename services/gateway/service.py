@@ -1,0 +1,78 @@
+"""The gateway process: the HTTP app on uvloop, wired to the scheduler over ZeroMQ."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+
+import uvloop
+from aiohttp import web
+
+from services.gateway.zmq_backend import ZmqBackend
+from shared.ipc import add_address_args, addresses_from_args
+from shared.model_source import resolve_model
+
+log = logging.getLogger("pagedserve.gateway")
+
+
+def add_gateway_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("HTTP")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--port", type=int, default=8000)
+    group.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    group.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="answer 429 while this many requests wait for admission",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.gateway")
+    parser.add_argument("--model", default=None, help="model directory (for the tokenizer)")
+    add_gateway_args(parser)
+    add_address_args(parser)
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    from transformers import AutoTokenizer
+
+    from services.gateway.app import create_app
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model), local_files_only=True)
+    backend = ZmqBackend(addresses_from_args(args))
+    app = create_app(
+        backend, tokenizer, api_key=args.api_key, max_queued_requests=args.max_queued_requests
+    )
+
+    async def start_backend(app: web.Application) -> None:
+        await backend.start()
+        if args.parent_pid is not None:
+            app["orphan_watch"] = asyncio.create_task(_exit_when_orphaned(args.parent_pid))
+
+    async def stop_backend(app: web.Application) -> None:
+        await backend.close()
+
+    app.on_startup.append(start_backend)
+    app.on_cleanup.append(stop_backend)
+    web.run_app(
+        app,
+        host=args.host,
+        port=args.port,
+        loop=uvloop.new_event_loop(),
+        print=None,
+        access_log=None,
+    )
+    return 0
+
+
+async def _exit_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(1.0)
+    log.warning("parent process is gone; shutting down")
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,106 @@
+"""The Backend over ZeroMQ: requests and aborts to the scheduler, its deltas routed per request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from services.gateway.backend import BackendGone
+from shared.ipc import Addresses, make_socket, recv, send
+from shared.protocol import (
+    AbortRequest,
+    GenerateRequest,
+    RequestDelta,
+    SchedulerReady,
+    SchedulerStats,
+    TokenDeltas,
+)
+
+log = logging.getLogger("pagedserve.gateway")
+HEARTBEAT_TIMEOUT_S = 5.0  # the scheduler beats every second; five missed beats mean it is gone
+
+
+class ZmqBackend:
+    def __init__(self, addresses: Addresses, stats_log: list[SchedulerStats] | None = None) -> None:
+        self.addresses = addresses
+        self.stats_log = stats_log  # when given, every stats message is appended (benchmarks)
+        self._info: SchedulerReady | None = None
+        self._stats: SchedulerStats | None = None
+        self._last_seen = 0.0
+        self._queues: dict[str, asyncio.Queue[RequestDelta]] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._requests = make_socket(self._ctx, zmq.PUSH, self.addresses.requests, bind=False)
+        self._deltas = make_socket(self._ctx, zmq.PULL, self.addresses.deltas, bind=False)
+        self._send_lock = asyncio.Lock()
+        self._reader = asyncio.create_task(self._read())
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        self._ctx.destroy(linger=0)
+
+    @property
+    def alive(self) -> bool:
+        return self._info is not None and time.monotonic() - self._last_seen < HEARTBEAT_TIMEOUT_S
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and (self._stats is None or self._stats.executor_alive)
+
+    @property
+    def info(self) -> SchedulerReady | None:
+        return self._info
+
+    @property
+    def stats(self) -> SchedulerStats | None:
+        return self._stats
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestDelta]:
+        queue: asyncio.Queue[RequestDelta] = asyncio.Queue()
+        self._queues[request.request_id] = queue
+        try:
+            async with self._send_lock:
+                await send(self._requests, request)
+            while True:
+                try:
+                    delta = await asyncio.wait_for(queue.get(), 1.0)
+                except TimeoutError:
+                    if not self.ready:
+                        raise BackendGone("the scheduler or executor stopped responding") from None
+                    continue
+                yield delta
+                if delta.finished:
+                    return
+        finally:
+            self._queues.pop(request.request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        async with self._send_lock:
+            await send(self._requests, AbortRequest(request_id))
+
+    async def _read(self) -> None:
+        while True:
+            message = await recv(self._deltas)
+            self._last_seen = time.monotonic()
+            if isinstance(message, TokenDeltas):
+                self._stats = message.stats
+                if self.stats_log is not None and message.deltas:
+                    self.stats_log.append(message.stats)
+                for delta in message.deltas:
+                    queue = self._queues.get(delta.request_id)
+                    if queue is not None:
+                        queue.put_nowait(delta)
+            elif isinstance(message, SchedulerReady):
+                self._info = message
+                log.info("backend ready: %s", message.model_name)

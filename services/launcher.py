@@ -1,0 +1,128 @@
+"""`pagedserve serve`: start executor, scheduler and gateway as processes, watch them, stop them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from services.engine.args import engine_argv
+from shared.ipc import Addresses
+from shared.model_source import model_name, resolve_model
+
+START_TIMEOUT_S = 900.0  # the first start converts the embedded model (~45 s on 2 cores)
+STOP_TIMEOUT_S = 10.0
+
+
+class Stack:
+    """The three service processes, started in dependency order."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        args = self.args
+        model_dir = str(resolve_model(args.model))  # convert once, before children race to it
+        addresses = Addresses.ipc()
+        wires = [
+            "--requests-addr", addresses.requests,
+            "--deltas-addr", addresses.deltas,
+            "--plans-addr", addresses.plans,
+            "--results-addr", addresses.results,
+            "--parent-pid", str(os.getpid()),
+        ]  # fmt: skip
+        engine = engine_argv(args, model_dir)
+        gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
+        if args.api_key:
+            gateway += ["--api-key", args.api_key]
+        if args.max_queued_requests is not None:
+            gateway += ["--max-queued-requests", str(args.max_queued_requests)]
+        name = ["--model-name", model_name(args.model)]
+        # The scheduler binds every pipe, so it goes first; the others connect to it.
+        self._spawn("scheduler", ["-m", "services.scheduler", *engine, *name, *wires])
+        self._spawn("executor", ["-m", "services.executor", *engine, *wires])
+        self._spawn("gateway", ["-m", "services.gateway", *gateway, *wires])
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], start_new_session=True)
+
+    def exited(self) -> tuple[str, int] | None:
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
+                return name, code
+        return None
+
+    def wait_ready(self, url: str, timeout: float) -> str | None:
+        """None once /health answers 200, else why not."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            gone = self.exited()
+            if gone is not None:
+                return f"the {gone[0]} process exited with code {gone[1]} during start-up"
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return None
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+        return f"not ready after {timeout:.0f} s"
+
+    def stop(self) -> None:
+        # Gateway first (it ends open streams), then the scheduler, then the executor.
+        for name in ("gateway", "scheduler", "executor"):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def serve(args: argparse.Namespace) -> int:
+    stack = Stack(args)
+    stopping = {"signal": None}
+
+    def on_signal(signum, frame) -> None:
+        stopping["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    url = f"http://{args.host}:{args.port}"
+    try:
+        stack.start()
+        problem = stack.wait_ready(url, START_TIMEOUT_S)
+        if problem is not None and stopping["signal"] is None:
+            print(f"pagedserve: failed to start: {problem}", file=sys.stderr)
+            return 1
+        if stopping["signal"] is None:
+            info = {
+                "model": model_name(args.model),
+                "url": url,
+                "pids": {n: p.pid for n, p in stack.procs.items()},
+            }
+            print(f"pagedserve: ready {json.dumps(info)}", flush=True)
+        while stopping["signal"] is None:
+            gone = stack.exited()
+            if gone is not None:
+                print(
+                    f"pagedserve: the {gone[0]} process exited with code {gone[1]}; "
+                    "stopping the others",
+                    file=sys.stderr,
+                )
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        stack.stop()

@@ -1,0 +1,235 @@
+"""The scheduler process: requests in from the gateway, a plan per step to the executor, deltas out.
+
+It keeps reading requests and aborts while a step runs (asyncio), so admission and cancellation
+take effect at the next iteration boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import time
+
+import zmq
+import zmq.asyncio
+
+from services.engine.args import add_engine_args, engine_config_from_args
+from services.scheduler.scheduler import GroupUpdate, Scheduler
+from shared.config import EngineConfig
+from shared.errors import InvalidRequestError
+from shared.ipc import Addresses, add_address_args, addresses_from_args, make_socket, recv, send
+from shared.model_source import model_name
+from shared.protocol import (
+    AbortRequest,
+    ExecutorHeartbeat,
+    ExecutorReady,
+    GenerateRequest,
+    RequestDelta,
+    SchedulerReady,
+    SchedulerStats,
+    SeqDelta,
+    Shutdown,
+    StepResult,
+    TokenDeltas,
+)
+
+log = logging.getLogger("pagedserve.scheduler")
+HEARTBEAT_S = 1.0
+EXECUTOR_TIMEOUT_S = 10.0  # no executor heartbeat for this long: it is gone
+
+
+def group_delta(update: GroupUpdate) -> RequestDelta:
+    """The request's new tokens per sample, with each ended sample's finish reason."""
+    group = update.group
+    by_index: dict[int, SeqDelta] = {}
+    for seq, token in update.new_tokens:
+        delta = by_index.setdefault(seq.index, SeqDelta(seq.index, []))
+        delta.token_ids.append(token.token_id)
+        if group.sampling.logprobs is not None:
+            delta.logprobs.append(token)
+    for seq in group.seqs:
+        if seq.is_finished:
+            by_index.setdefault(
+                seq.index, SeqDelta(seq.index, [])
+            ).finish_reason = seq.finish_reason
+    return RequestDelta(
+        group.request_id,
+        [by_index[i] for i in sorted(by_index)],
+        update.finished,
+        num_prompt_tokens=len(group.prompt_token_ids),
+    )
+
+
+class SchedulerService:
+    def __init__(
+        self, config: EngineConfig, addresses: Addresses, name: str, parent_pid: int | None = None
+    ) -> None:
+        self.config = config
+        self.parent_pid = parent_pid
+        self.addresses = addresses
+        self.model_name = name
+        self.scheduler: Scheduler | None = None
+        self._work = asyncio.Event()
+        self._send_lock = asyncio.Lock()
+        self._result: asyncio.Future[StepResult] | None = None
+        self._executor_seen = time.monotonic()
+        self._stopping = asyncio.Event()
+        self._last_step = (0.0, 0.0, 0.0)  # scheduler, executor, round trip seconds
+        self._num_steps = 0
+
+    async def run(self) -> int:
+        ctx = zmq.asyncio.Context()
+        self.requests = make_socket(ctx, zmq.PULL, self.addresses.requests, bind=True)
+        self.deltas = make_socket(ctx, zmq.PUSH, self.addresses.deltas, bind=True)
+        self.plans = make_socket(ctx, zmq.PUSH, self.addresses.plans, bind=True)
+        self.results = make_socket(ctx, zmq.PULL, self.addresses.results, bind=True)
+        try:
+            ready = await self._wait_for_executor()
+            self.scheduler = Scheduler(self.config.scheduler, ready)
+            await self._send(
+                SchedulerReady(ready, self.config.scheduler.max_num_seqs, self.model_name)
+            )
+            log.info(
+                "scheduler ready: %d device blocks, %d cpu blocks",
+                ready.num_device_blocks,
+                ready.num_cpu_blocks,
+            )
+            tasks = [
+                asyncio.create_task(coro)
+                for coro in (self._intake(), self._steps(), self._heartbeat(), self._results())
+            ]
+            await self._stopping.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._send_executor_shutdown()
+            return 0
+        finally:
+            ctx.destroy(linger=0)
+
+    async def _wait_for_executor(self) -> ExecutorReady:
+        while True:
+            message = await recv(self.results)
+            if isinstance(message, ExecutorReady):
+                self._executor_seen = time.monotonic()
+                return message
+
+    # ---- tasks --------------------------------------------------------------------------------
+    async def _intake(self) -> None:
+        while True:
+            message = await recv(self.requests)
+            if isinstance(message, GenerateRequest):
+                try:
+                    self.scheduler.add_request(
+                        message.request_id, message.prompt_token_ids, message.sampling
+                    )
+                except InvalidRequestError as exc:
+                    rejected = RequestDelta(message.request_id, [], True, exc.to_dict()["error"])
+                    await self._send(TokenDeltas([rejected], self._stats()))
+                self._work.set()
+            elif isinstance(message, AbortRequest):
+                update = self.scheduler.abort(message.request_id)
+                if update is not None:
+                    await self._send(TokenDeltas([group_delta(update)], self._stats()))
+            elif isinstance(message, Shutdown):
+                self._stopping.set()
+
+    async def _results(self) -> None:
+        """Demultiplex the executor's pipe: heartbeats refresh liveness, results end a step."""
+        while True:
+            message = await recv(self.results)
+            self._executor_seen = time.monotonic()
+            if isinstance(message, StepResult) and self._result is not None:
+                if not self._result.done():
+                    self._result.set_result(message)
+            elif not isinstance(message, ExecutorHeartbeat | ExecutorReady):
+                log.warning("unexpected message from the executor: %s", type(message).__name__)
+
+    async def _steps(self) -> None:
+        scheduler = self.scheduler
+        while True:
+            if not scheduler.has_unfinished():
+                self._work.clear()
+                await self._work.wait()
+                continue
+            t0 = time.perf_counter()
+            plan = scheduler.schedule()
+            t1 = time.perf_counter()
+            self._result = asyncio.get_running_loop().create_future()
+            await send(self.plans, plan)
+            result = await self._await_result(plan.step_id)
+            t2 = time.perf_counter()
+            updates = scheduler.update(result)
+            t3 = time.perf_counter()
+            self._num_steps += 1
+            self._last_step = ((t1 - t0) + (t3 - t2), sum(result.timings.values()), t2 - t1)
+            await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
+            if not plan.seqs and not updates:
+                await asyncio.sleep(0.005)  # nothing runnable right now; do not spin
+
+    async def _await_result(self, step_id: int) -> StepResult:
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(self._result), HEARTBEAT_S)
+            except TimeoutError:
+                if not self._executor_alive():
+                    log.error("executor stopped responding; failing step %d", step_id)
+                    return StepResult(step_id, [], error="the executor stopped responding")
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                log.warning("parent process is gone; exiting")
+                self._stopping.set()
+            await self._send(TokenDeltas([], self._stats()))
+
+    # ---- helpers ------------------------------------------------------------------------------
+    async def _send(self, message) -> None:
+        async with self._send_lock:
+            await send(self.deltas, message)
+
+    async def _send_executor_shutdown(self) -> None:
+        try:
+            await asyncio.wait_for(send(self.plans, Shutdown("scheduler stopping")), 1.0)
+        except TimeoutError:
+            pass
+
+    def _executor_alive(self) -> bool:
+        return time.monotonic() - self._executor_seen < EXECUTOR_TIMEOUT_S
+
+    def _stats(self) -> SchedulerStats:
+        s = self.scheduler
+        scheduler_s, executor_s, roundtrip_s = self._last_step
+        return SchedulerStats(
+            num_running=s.num_running_seqs,
+            num_waiting=len(s.waiting),
+            num_swapped=len(s.swapped),
+            kv_blocks_used=s.block_manager.device.num_used,
+            kv_blocks_total=s.block_manager.device.num_blocks,
+            num_preemptions=s.num_preemptions,
+            num_steps=self._num_steps,
+            step_scheduler_s=scheduler_s,
+            step_executor_s=executor_s,
+            step_roundtrip_s=roundtrip_s,
+            executor_alive=self._executor_alive(),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.scheduler")
+    add_engine_args(parser)
+    add_address_args(parser)
+    parser.add_argument("--model-name", default=None, help="the name the API reports")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = engine_config_from_args(args)
+    name = args.model_name or model_name(config.model.model)
+    service = SchedulerService(config, addresses_from_args(args), name, args.parent_pid)
+    import uvloop
+
+    log.info("scheduler pid %d", os.getpid())
+    return uvloop.run(service.run())
