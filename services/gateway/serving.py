@@ -1,0 +1,210 @@
+"""The generation endpoints: validate, run the request, answer as one JSON body or SSE stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from services.gateway import openai_responses as fmt
+from services.gateway.detokenizer import TokenTexts
+from services.gateway.openai_api import Kind, parse_chat_request, parse_completion_request
+from services.gateway.request_run import GenerationFailed, RequestRun, SampleUpdate
+from services.gateway.state import GatewayState
+from shared.errors import InvalidRequestError, PagedServeError
+
+log = logging.getLogger(__name__)
+
+# How often a handler checks that its client is still connected (see _watch_disconnect).
+DISCONNECT_POLL_S = 1.0
+
+INTERNAL_ERROR = PagedServeError("internal server error").to_dict()
+
+
+async def handle_generate(
+    request: web.Request, state: GatewayState, kind: Kind
+) -> web.StreamResponse:
+    info = state.require_info()
+    body = await read_json(request)
+    parse = parse_completion_request if kind == "completion" else parse_chat_request
+    # Chat templates and tokenization cost a few milliseconds of CPU: keep them off the loop.
+    loop = asyncio.get_running_loop()
+    parsed = await loop.run_in_executor(None, parse, body, info, state.tokenizer)
+    state.check_queue()  # after the last await, so a burst cannot pass the limit together
+    run = RequestRun(state, parsed)
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(_watch_disconnect(request, task))
+    try:
+        if parsed.stream:
+            return await _stream(request, run, state.texts)
+        return await _respond_json(run, state.texts)
+    finally:
+        watcher.cancel()
+
+
+async def read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except ValueError:  # also covers UnicodeDecodeError
+        raise InvalidRequestError(
+            "the request body is not valid JSON", code="invalid_json"
+        ) from None
+
+
+def error_response(error: dict[str, Any], status: int) -> web.Response:
+    return web.json_response(fmt.error_event(error), status=status)
+
+
+async def _watch_disconnect(request: web.Request, handler: asyncio.Task[Any]) -> None:
+    """Cancel the handler once its client is gone, as aiohttp's handler_cancellation would.
+
+    Without that option nothing interrupts a handler that is awaiting the backend, so a request
+    whose client left would run (and hold KV blocks) to its end. Cancelling makes RequestRun's
+    exit abort it at the backend.
+    """
+    while True:
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            handler.cancel()
+            return
+
+
+async def _respond_json(run: RequestRun, texts: TokenTexts) -> web.Response:
+    async with run:
+        try:
+            while await run.next_updates() is not None:
+                pass
+        except GenerationFailed as exc:
+            return error_response(exc.error, exc.status)
+    return web.json_response(_final_body(run, texts))
+
+
+async def _stream(request: web.Request, run: RequestRun, texts: TokenTexts) -> web.StreamResponse:
+    # Headers go out with the first chunk, so a request the scheduler rejects still gets its
+    # proper status code and JSON error body.
+    chunker = _Chunker(run, texts)
+    resp: web.StreamResponse | None = None
+    failure: dict[str, Any] | None = None
+    try:
+        async with run:
+            try:
+                while (updates := await run.next_updates()) is not None:
+                    data = b"".join(fmt.sse(chunk) for chunk in chunker.chunks(updates))
+                    if data:
+                        resp = resp or await _open_stream(request)
+                        await resp.write(data)
+            except GenerationFailed as exc:
+                if resp is None:
+                    return error_response(exc.error, exc.status)
+                failure = exc.error
+            except ConnectionError:
+                raise
+            except Exception:
+                if resp is None:
+                    raise
+                log.exception("request %s failed mid-stream", run.request_id)
+                failure = INTERNAL_ERROR["error"]
+        resp = resp or await _open_stream(request)
+        if failure is not None:
+            await resp.write(fmt.sse(fmt.error_event(failure)))
+        elif run.parsed.include_usage:
+            await resp.write(fmt.sse(chunker.usage_chunk()))
+        await resp.write(fmt.sse("[DONE]"))
+        await resp.write_eof()
+    except ConnectionError:
+        # The client went away while we wrote; RequestRun's exit has aborted the request.
+        if resp is None:
+            raise
+    return resp
+
+
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",  # proxies must not buffer the stream
+        }
+    )
+    await resp.prepare(request)
+    return resp
+
+
+def _object_name(run: RequestRun, chunk: bool) -> str:
+    if run.parsed.kind == "completion":
+        return fmt.OBJECT_COMPLETION
+    return fmt.OBJECT_CHAT_CHUNK if chunk else fmt.OBJECT_CHAT
+
+
+def _final_body(run: RequestRun, texts: TokenTexts) -> dict[str, Any]:
+    parsed = run.parsed
+    choices = []
+    for s in run.samples:
+        text = "".join(s.pieces)
+        if parsed.kind == "completion":
+            prefix = parsed.echo_text or ""
+            lp = None
+            if parsed.logprobs:
+                lp = fmt.completion_logprobs(s.logprobs, texts, len(prefix))
+            choices.append(fmt.completion_choice(s.index, prefix + text, lp, s.finish_reason))
+        else:
+            lp = fmt.chat_logprobs(s.logprobs, texts) if parsed.logprobs else None
+            choices.append(fmt.chat_choice(s.index, text, lp, s.finish_reason))
+    body = fmt.envelope(
+        _object_name(run, chunk=False), run.request_id, run.created, parsed.model, choices
+    )
+    body["usage"] = fmt.usage(run.num_prompt_tokens, run.completion_tokens)
+    return body
+
+
+class _Chunker:
+    """Turns per-sample updates into streaming chunks, one choice per chunk."""
+
+    def __init__(self, run: RequestRun, texts: TokenTexts) -> None:
+        self.run = run
+        self.texts = texts
+
+    def chunks(self, updates: list[SampleUpdate]) -> list[dict[str, Any]]:
+        parsed = self.run.parsed
+        out = []
+        for u in updates:
+            s = u.sample
+            first = not s.started
+            has_logprobs = parsed.logprobs and bool(u.logprobs)
+            if not (first or u.text or has_logprobs or u.finish_reason):
+                continue  # e.g. text held back for a possible stop string
+            s.started = True
+            if parsed.kind == "completion":
+                prefix = (parsed.echo_text or "") if first else ""
+                if first:
+                    s.text_offset = len(prefix)
+                lp = None
+                if parsed.logprobs:
+                    lp = fmt.completion_logprobs(u.logprobs, self.texts, s.text_offset)
+                    s.text_offset += sum(len(t) for t in lp["tokens"])
+                choice = fmt.completion_choice(s.index, prefix + u.text, lp, u.finish_reason)
+            else:
+                lp = fmt.chat_logprobs(u.logprobs, self.texts) if parsed.logprobs else None
+                choice = fmt.chat_chunk_choice(s.index, u.text, first, lp, u.finish_reason)
+            out.append(self._envelope([choice]))
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        body = self._envelope([])
+        body["usage"] = fmt.usage(self.run.num_prompt_tokens, self.run.completion_tokens)
+        return body
+
+    def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        run = self.run
+        body = fmt.envelope(
+            _object_name(run, chunk=True), run.request_id, run.created, run.parsed.model, choices
+        )
+        if run.parsed.include_usage:
+            body["usage"] = None  # OpenAI: every chunk but the last carries a null usage
+        return body

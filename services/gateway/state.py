@@ -1,0 +1,66 @@
+"""What every request handler of one gateway app shares: backend, tokenizer, limits, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.gateway.backend import Backend
+from services.gateway.detokenizer import TokenTexts
+from services.gateway.http_errors import RateLimitError, ServiceUnavailableError
+from services.gateway.metrics import GatewayMetrics
+from shared.protocol import SchedulerReady
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GatewayState:
+    backend: Backend
+    tokenizer: Any
+    metrics: GatewayMetrics
+    texts: TokenTexts
+    api_key: str | None = None
+    max_queued_requests: int | None = None
+    # Submitted by this gateway but without any delta yet: the scheduler's num_waiting may not
+    # count them yet, and a burst must not slip past the queue limit in between.
+    num_unstarted: int = 0
+    started: int = field(default_factory=lambda: int(time.time()))  # /v1/models "created"
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def require_info(self) -> SchedulerReady:
+        info = self.backend.info
+        if not self.backend.ready or info is None:
+            raise ServiceUnavailableError("the model server is not ready", code="not_ready")
+        return info
+
+    def check_queue(self) -> None:
+        if self.max_queued_requests is None:
+            return
+        stats = self.backend.stats
+        queued = (stats.num_waiting if stats is not None else 0) + self.num_unstarted
+        if queued >= self.max_queued_requests:
+            raise RateLimitError(
+                f"too many queued requests ({queued}); retry later", code="queue_full"
+            )
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+        """Run coro to completion even if the handler that started it is being cancelled."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("%s failed: %r", what, t.exception())
+
+        task.add_done_callback(done)
+
+    async def drain(self) -> None:
+        """Let pending background work (aborts) finish; used on app cleanup."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)

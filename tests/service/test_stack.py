@@ -1,0 +1,245 @@
+"""The whole product: `pagedserve serve` (three processes) on a tiny model, spoken to over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from services.engine.llm_engine import LLMEngine
+from shared.sampling import SamplingParams
+from tests.factories import engine_config
+
+API_KEY = "test-key"
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+NUM_BLOCKS = 256
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir, tmp_path_factory):
+    """A running stack; yields (base_url, model_name, plan_log_path)."""
+    port = _free_port()
+    plan_log = tmp_path_factory.mktemp("stack") / "plans.jsonl"
+    argv = [
+        sys.executable, "-m", "services.cli", "serve",
+        "--model", str(tiny_model_dir), "--port", str(port), "--api-key", API_KEY,
+        "--num-device-blocks", str(NUM_BLOCKS), "--max-num-seqs", "8",
+        "--max-num-batched-tokens", "256", "--plan-log", str(plan_log),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    line = ""
+    while time.monotonic() < deadline and proc.poll() is None:
+        line = proc.stdout.readline()
+        if line.startswith("pagedserve: ready"):
+            break
+    assert line.startswith("pagedserve: ready"), f"stack did not start (exit {proc.poll()})"
+    try:
+        yield url, Path(tiny_model_dir).name, plan_log
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+
+
+async def _metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+async def _stream_completion(session, url, model, prompt_ids, max_tokens) -> tuple[str, str]:
+    body = {
+        "model": model,
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    text, finish = "", None
+    async with session.post(f"{url}/v1/completions", json=body, headers=HEADERS) as response:
+        assert response.status == 200
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                break
+            choice = json.loads(line[len("data: ") :])["choices"][0]
+            text += choice["text"]
+            finish = choice["finish_reason"] or finish
+    return text, finish
+
+
+async def test_openai_client_streams_chat_and_completions(stack):
+    import openai
+
+    url, model, _ = stack
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY)
+    chat = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "what is the capital"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage = [], None
+    async for chunk in chat:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert usage is not None and usage.completion_tokens >= 1
+    completion = await client.completions.create(
+        model=model, prompt="the capital of", max_tokens=6, stream=True
+    )
+    texts = [c.choices[0].text async for c in completion if c.choices]
+    assert texts
+    whole = await client.completions.create(model=model, prompt="the page", max_tokens=5)
+    assert whole.usage.completion_tokens <= 5
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    await client.close()
+
+
+async def test_streamed_greedy_text_equals_the_in_process_engine(stack, tiny_model_dir, prompts):
+    url, model, _ = stack
+    async with aiohttp.ClientSession() as session:
+        streamed = await asyncio.gather(
+            *(_stream_completion(session, url, model, p, 10) for p in prompts[:6])
+        )
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    for (text, finish), out in zip(streamed, engine.generate(prompts[:6], greedy)):
+        assert text == engine.tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)
+        assert finish == "length"
+
+
+async def test_32_concurrent_streams_complete_with_continuous_batching(stack, prompts):
+    url, model, plan_log = stack
+    before = len(plan_log.read_text().splitlines()) if plan_log.exists() else 0
+    lengths = [4 + (7 * i) % 29 for i in range(32)]  # different lengths: requests end apart
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(
+            *(
+                _stream_completion(session, url, model, prompts[i % len(prompts)][:20], n)
+                for i, n in enumerate(lengths)
+            )
+        )
+    assert all(finish == "length" for _, finish in results)
+    steps = [json.loads(line) for line in plan_log.read_text().splitlines()[before:]]
+    batches = [set(s["requests"]) for s in steps]
+    # Iteration-level batching: some step admits a request while others keep running, right
+    # after another one left (not waves that drain completely before the next batch starts).
+    joined_mid_run = [
+        i
+        for i in range(1, len(batches))
+        if batches[i] - batches[i - 1] and batches[i] & batches[i - 1]
+    ]
+    assert joined_mid_run
+    assert max(len(b) for b in batches) <= 8  # --max-num-seqs
+
+
+async def test_cut_streams_free_every_block(stack, prompts):
+    url, model, _ = stack
+    body = {"model": model, "max_tokens": 200, "ignore_eos": True, "stream": True}
+
+    async def cut(session, prompt):
+        payload = {**body, "prompt": prompt}
+        async with session.post(f"{url}/v1/completions", json=payload, headers=HEADERS) as resp:
+            assert resp.status == 200
+            await resp.content.readline()  # the first event has arrived: the request is running
+
+    async with aiohttp.ClientSession() as session:
+        for start in range(0, 100, 20):
+            batch = [prompts[i % 12][:30] for i in range(start, start + 20)]
+            await asyncio.gather(*(cut(session, prompt) for prompt in batch))
+        for _ in range(100):
+            if await _metric(session, url, "pagedserve_kv_blocks_used") == 0:
+                break
+            await asyncio.sleep(0.2)
+        assert await _metric(session, url, "pagedserve_kv_blocks_used") == 0
+        assert await _metric(session, url, "pagedserve_num_requests_running") == 0
+
+
+@pytest.mark.parametrize(
+    "path, body, headers, status, param",
+    [
+        ("/v1/completions", "{not json", HEADERS, 400, None),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, HEADERS, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, HEADERS, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "temperature": -1}, HEADERS, 400, "temperature"),
+        ("/v1/completions", {"prompt": ""}, HEADERS, 400, "prompt"),
+        ("/v1/completions", {"prompt": [5] * 5000}, HEADERS, 400, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "model": "nope"}, HEADERS, 404, "model"),
+        ("/v1/completions", {"prompt": "hi"}, {}, 401, None),
+        ("/v1/completions", {"prompt": "hi"}, {"Authorization": "Bearer wrong"}, 401, None),
+        ("/v1/chat/completions", {"messages": "hi"}, HEADERS, 400, "messages"),
+    ],
+)
+async def test_bad_input_gets_its_status_and_the_server_keeps_serving(
+    stack, path, body, headers, status, param
+):
+    url, model, _ = stack
+    async with aiohttp.ClientSession() as session:
+        if isinstance(body, dict):
+            body = json.dumps({"model": model, **body})
+        hdrs = {"Content-Type": "application/json", **headers}
+        async with session.post(f"{url}{path}", data=body, headers=hdrs) as response:
+            assert response.status == status
+            error = (await response.json())["error"]
+        assert error["message"] and error["type"]
+        if param is not None:
+            assert error["param"] == param
+        text, finish = await _stream_completion(session, url, model, [5, 6, 7], 3)
+        assert finish == "length"
+
+
+def test_health_and_models(stack):
+    import urllib.request
+
+    url, model, _ = stack
+    with urllib.request.urlopen(f"{url}/health") as response:
+        assert response.status == 200
+    request = urllib.request.Request(f"{url}/v1/models", headers=HEADERS)
+    with urllib.request.urlopen(request) as response:
+        listing = json.loads(response.read())
+    assert [m["id"] for m in listing["data"]] == [model]
+
+
+def test_serve_exits_nonzero_with_a_clear_message_when_a_process_cannot_start(tmp_path):
+    argv = [sys.executable, "-m", "services.cli", "serve", "--model", str(tmp_path / "missing")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert proc.returncode != 0
+    assert "not found" in proc.stderr
+
+
+def test_serve_reports_a_process_that_fails_to_start(tiny_model_dir):
+    with socket.socket() as taken:  # the gateway cannot bind a port that is in use
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", "services.cli", "serve", "--model", str(tiny_model_dir),
+                "--port", str(port), "--num-device-blocks", "64"]  # fmt: skip
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1
+    assert "gateway process exited" in proc.stderr
