@@ -28,6 +28,7 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int64: context length after this step (cached + new)
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with 0 past each table
     block_size: int
+    max_query_len: int  # host-side, sizes the prefill kernel's grid
     # The reference path batches single-token (decode) sequences into one padded call and loops
     # over the others; both views are precomputed here so layers do not redo them.
     decode_rows: torch.Tensor  # [num_decodes] int64 row of each decode sequence's query
@@ -87,6 +88,7 @@ def build_attention_metadata(
         seq_lens=lens.to(device),
         block_tables=table.to(device),
         block_size=block_size,
+        max_query_len=max(query_lens, default=0),
         decode_rows=qsl[decode_idx].to(device),
         decode_blocks=decode_blocks.to(device),
         decode_mask=decode_mask[:, None, None, :].to(device),

@@ -25,8 +25,16 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # seeds the sampler's shared generator for requests without their own seed
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    device: str = "auto"  # auto: cuda when available, else cpu
+    attention_backend: str = "auto"  # auto: triton on cuda, the torch reference elsewhere
 
     def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+            )
         if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
             raise ValueError(
                 f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}"

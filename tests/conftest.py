@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels can only run interpreted; the variable must be set before
+# triton is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.factories import make_tiny_llama, random_prompts
 

@@ -95,6 +95,7 @@ def engine_config(
     enable_chunked_prefill: bool = True,
     preemption_mode: str = "recompute",
     dtype: str = "float32",
+    attention_backend: str = "torch",
 ) -> EngineConfig:
     from services.executor.weights import load_hf_config
 
@@ -106,7 +107,10 @@ def engine_config(
     )
     swap_blocks = num_cpu_blocks if num_cpu_blocks is not None else num_device_blocks or 0
     return EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype=dtype),
+        # Tests run on the CPU even where a GPU exists: transformers, the reference, runs there.
+        model=ModelConfig(
+            model=str(model_dir), dtype=dtype, device="cpu", attention_backend=attention_backend
+        ),
         cache=CacheConfig(
             block_size=block_size,
             num_device_blocks=num_device_blocks,

@@ -23,6 +23,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--engine-seed", type=int, default=0, help="seed for requests without a seed"
     )
     model.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    model.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    model.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "triton"],
+        help="paged-attention kernels: auto = triton on CUDA, the torch reference on CPU",
+    )
 
     cache = parser.add_argument_group("KV cache")
     cache.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -52,6 +59,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_model_len=args.max_model_len,
             seed=args.engine_seed,
             num_threads=args.num_threads,
+            device=args.device,
+            attention_backend=args.attention_backend,
         ),
         cache=CacheConfig(
             block_size=args.block_size,
@@ -79,6 +88,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--max-num-seqs", str(args.max_num_seqs),
         "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--preemption-mode", args.preemption_mode,
+        "--device", args.device,
+        "--attention-backend", args.attention_backend,
     ]  # fmt: skip
     optional = {
         "--model": model,

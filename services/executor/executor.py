@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.ops import select_ops
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
 from services.executor.sampler import SampleRow, sample, sequence_generator
@@ -39,11 +40,13 @@ class Executor:
     def __init__(self, config: EngineConfig, model_dir: Path) -> None:
         if config.model.num_threads:
             torch.set_num_threads(config.model.num_threads)
-        self.device = torch.device("cpu")
+        self.device = _device(config.model.device)
+        self.ops = select_ops(config.model.attention_backend, self.device)
         hf_config = load_hf_config(model_dir)
         self.max_model_len = _max_model_len(hf_config, config.model.max_model_len)
-        self.model = load_model(model_dir, DTYPES[config.model.dtype], self.max_model_len)
-        self.cache = KVCache(self.model.spec, config.cache, DTYPES[config.model.dtype], self.device)
+        dtype = DTYPES[config.model.dtype]
+        self.model = load_model(model_dir, dtype, self.max_model_len, self.ops, self.device)
+        self.cache = KVCache(self.model.spec, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
         self.shared_generator = torch.Generator().manual_seed(config.model.seed)
         self.seqs: dict[int, _SeqState] = {}
@@ -99,7 +102,8 @@ class Executor:
             hidden = self.model(
                 inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
             )
-            logits = self.model.compute_logits(hidden[inputs.logits_rows])
+            # Sampling runs on the CPU with per-request CPU generators (seed reproducibility).
+            logits = self.model.compute_logits(hidden[inputs.logits_rows]).cpu()
         t3 = time.perf_counter()
         rows = []
         for seq in plan.seqs:
@@ -116,6 +120,14 @@ class Executor:
         t4 = time.perf_counter()
         timings = {"cache_ops": t1 - t0, "prepare": t2 - t1, "forward": t3 - t2, "sample": t4 - t3}
         return StepResult(plan.step_id, tokens, timings)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(name)
 
 
 def _max_model_len(hf_config, requested: int | None) -> int:

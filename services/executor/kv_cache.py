@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from kernels.ops import KernelOps
 from services.executor.llama import LlamaSpec
 from shared.config import CacheConfig
 
 
 class KVCache:
     def __init__(
-        self, spec: LlamaSpec, config: CacheConfig, dtype: torch.dtype, device: torch.device | str
+        self,
+        spec: LlamaSpec,
+        config: CacheConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        ops: KernelOps,
     ) -> None:
+        self.ops = ops
         self.block_size = config.block_size
         # [num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]: one tensor, so
         # copy-on-write and swaps move a block of every layer in one indexing op.
@@ -33,8 +39,10 @@ class KVCache:
         self.device = torch.zeros(
             (spec.num_layers, 2, num_device, *block_shape), dtype=dtype, device=device
         )
+        # Pinned when the pool is on a GPU, so swaps are asynchronous DMA copies.
+        pin = torch.device(device).type == "cuda"
         self.cpu = torch.zeros(
-            (spec.num_layers, 2, num_cpu, *block_shape), dtype=dtype, device="cpu"
+            (spec.num_layers, 2, num_cpu, *block_shape), dtype=dtype, pin_memory=pin
         )
 
     @property
@@ -52,6 +60,6 @@ class KVCache:
         copies: list[tuple[int, int]],  # (src, dst) device blocks
     ) -> None:
         """Block moves of one plan, in the order the scheduler assumed: out, in, copy."""
-        kernels.swap_blocks(self.device, self.cpu, swap_out)
-        kernels.swap_blocks(self.cpu, self.device, swap_in)
-        kernels.copy_blocks(self.device, copies)
+        self.ops.swap_blocks(self.device, self.cpu, swap_out)
+        self.ops.swap_blocks(self.cpu, self.device, swap_in)
+        self.ops.copy_blocks(self.device, copies)

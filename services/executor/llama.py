@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
 from kernels.metadata import AttentionMetadata
+from kernels.ops import KernelOps
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # RoPE variants whose frequencies do not depend on the sequence length at run time.
@@ -133,8 +133,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: LlamaSpec) -> None:
+    def __init__(self, spec: LlamaSpec, ops: KernelOps) -> None:
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = (
             spec.num_heads,
             spec.num_kv_heads,
@@ -162,8 +163,8 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        kernels.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        o = kernels.paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, k, v)
+        self.ops.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
+        o = self.ops.paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, k, v)
         return linear(o.reshape(num_tokens, -1), self.o_proj)
 
 
@@ -181,10 +182,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: LlamaSpec) -> None:
+    def __init__(self, spec: LlamaSpec, ops: KernelOps) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = Attention(spec)
+        self.self_attn = Attention(spec, ops)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = MLP(spec)
 
@@ -194,11 +195,13 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, spec: LlamaSpec, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    def __init__(
+        self, spec: LlamaSpec, cos: torch.Tensor, sin: torch.Tensor, ops: KernelOps
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, ops) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         if spec.tie_word_embeddings:
             self.lm_head = None

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kernels.ops import KernelOps
 from services.executor.llama import LlamaForCausalLM, LlamaSpec, rope_tables
 
 # Checkpoint names that we store fused: (our parameter, shard index) per HF name suffix.
@@ -30,18 +31,24 @@ def load_hf_config(model_dir: Path):
     return AutoConfig.from_pretrained(model_dir, local_files_only=True)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, max_positions: int) -> LlamaForCausalLM:
+def load_model(
+    model_dir: Path,
+    dtype: torch.dtype,
+    max_positions: int,
+    ops: KernelOps,
+    device: torch.device | str = "cpu",
+) -> LlamaForCausalLM:
     config = load_hf_config(model_dir)
     spec = LlamaSpec.from_hf_config(config)
     cos, sin = rope_tables(config, max_positions)
     with torch.device("meta"):
-        model = LlamaForCausalLM(spec, cos, sin)
+        model = LlamaForCausalLM(spec, cos, sin, ops)
     model = model.to_empty(device="cpu").to(dtype)
-    model.cos.copy_(cos)
+    model.cos.copy_(cos)  # RoPE tables stay fp32, as transformers computes them
     model.sin.copy_(sin)
     _copy_weights(model, spec, model_dir)
     model.eval()
-    return model
+    return model.to(device)
 
 
 def _copy_weights(model: LlamaForCausalLM, spec: LlamaSpec, model_dir: Path) -> None:

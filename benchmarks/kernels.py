@@ -1,0 +1,123 @@
+"""GPU: our paged decode kernel against dense SDPA over contiguous K/V, plus achieved bandwidth.
+
+For batch 8/32/128 and context 64..4096 (every sequence at the same length), times
+`kernels.triton_decode.paged_decode_attention` over a shuffled block pool and
+`scaled_dot_product_attention` over contiguous K/V of the same lengths, prints a ratio table and
+the bytes/s each achieves against this device's measured device-to-device copy bandwidth, and
+writes JSON. Needs CUDA; elsewhere it says so and exits 1.
+
+    .venv/bin/python benchmarks/kernels.py --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a 1 GiB device-to-device copy (read + write counted)."""
+    import triton.testing
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms / 1e3)
+
+
+def measure(batch, context, h, hkv, d, bs, dtype, device, peak) -> dict:
+    """One (batch, context) cell: paged kernel vs dense SDPA, same lengths, same K/V values."""
+    import triton.testing
+
+    from kernels.triton_decode import paged_decode_attention
+
+    blocks_per_seq = -(-context // bs)
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, bs, hkv, d, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    # Shuffled block ids: the kernel's reads are scattered, as in a serving pool.
+    table = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
+    seq_lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    q = torch.randn(batch, h, d, device=device, dtype=dtype)
+    scale = d**-0.5
+    paged_ms = triton.testing.do_bench(
+        lambda: paged_decode_attention(q, k_cache, v_cache, table, seq_lens, scale)
+    )
+    k = k_cache[table].view(batch, -1, hkv, d)[:, :context].transpose(1, 2).contiguous()
+    v = v_cache[table].view(batch, -1, hkv, d)[:, :context].transpose(1, 2).contiguous()
+    sdpa_ms = triton.testing.do_bench(
+        lambda: F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=True)
+    )
+    moved = 2 * batch * context * hkv * d * k_cache.element_size()  # K and V, read once
+    return {
+        "batch": batch,
+        "context": context,
+        "paged_us": paged_ms * 1e3,
+        "sdpa_us": sdpa_ms * 1e3,
+        "ratio_paged_over_sdpa": paged_ms / sdpa_ms,
+        "paged_bytes_per_s": moved / (paged_ms / 1e3),
+        "fraction_of_copy_bandwidth": moved / (paged_ms / 1e3) / peak,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--num-heads", type=int, default=32)
+    parser.add_argument("--num-kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--batches", default="8,32,128")
+    parser.add_argument("--contexts", default="64,256,1024,2048,4096")
+    parser.add_argument("--output", default="benchmarks/results/kernels.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/kernels.py needs a CUDA device; GPU figures are not measured here.")
+        return 1
+
+    device = torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    h, hkv, d, bs = args.num_heads, args.num_kv_heads, args.head_dim, args.block_size
+    peak = copy_bandwidth(device)
+    rows = []
+    print(f"{torch.cuda.get_device_name()}  copy bandwidth {peak / 1e9:.0f} GB/s  {args.dtype}")
+    header = ("batch", "context", "paged us", "sdpa us", "ratio", "paged GB/s")
+    print("{:>6} {:>8} {:>9} {:>9} {:>6} {:>11}".format(*header))
+    for batch in map(int, args.batches.split(",")):
+        for context in map(int, args.contexts.split(",")):
+            row = measure(batch, context, h, hkv, d, bs, dtype, device, peak)
+            rows.append(row)
+            print(
+                f"{batch:>6} {context:>8} {row['paged_us']:>9.1f} {row['sdpa_us']:>9.1f} "
+                f"{row['ratio_paged_over_sdpa']:>6.2f} {row['paged_bytes_per_s'] / 1e9:>11.0f}"
+            )
+    result = {
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(),
+        "copy_bandwidth_bytes_per_s": peak,
+        "shape": {
+            "num_heads": h,
+            "num_kv_heads": hkv,
+            "head_dim": d,
+            "block_size": bs,
+            "dtype": args.dtype,
+        },
+        "rows": rows,
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    print("wrote", args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

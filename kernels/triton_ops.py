@@ -1,0 +1,39 @@
+"""The Triton backend behind the reference signatures: decode or prefill kernel per batch."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.metadata import AttentionMetadata
+from kernels.triton_cache import copy_blocks, store_kv, swap_blocks
+from kernels.triton_decode import paged_decode_attention
+from kernels.triton_prefill import paged_prefill_attention
+
+__all__ = ["copy_blocks", "paged_attention", "store_kv", "swap_blocks"]
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+    new_key: torch.Tensor | None = None,  # unused: the kernels read this step's K/V from the cache
+    new_value: torch.Tensor | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    if not meta.prefills:
+        # Every sequence has one query token: the decode kernel (split-K for long contexts).
+        return paged_decode_attention(
+            query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale
+        )
+    # Mixed batches go through the prefill kernel, which handles one-token rows as well.
+    return paged_prefill_attention(
+        query,
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale,
+        meta.max_query_len,
+    )

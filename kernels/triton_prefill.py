@@ -1,0 +1,206 @@
+"""Triton causal paged attention for one or more query tokens per sequence, via block tables."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Rows of one query tile: query tokens x the query heads of one GQA group. Folding the group into
+# the tile makes each K/V tile serve every head that shares it, so K/V is read once per group.
+_TILE_ROWS = 64
+# Keys per inner step. Keys are gathered slot by slot through the block table, so this need not
+# equal the cache block size; 32 keeps tl.dot legal (>= 16) even for 8-token cache blocks.
+_BLOCK_N = 32
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # [num_tokens, num_heads, head_dim]
+    k_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    o_ptr,  # [num_tokens, num_heads, head_dim]
+    bt_ptr,  # [num_seqs, max_blocks]
+    qsl_ptr,  # [num_seqs + 1]
+    seq_lens_ptr,  # [num_seqs]
+    qk_scale,  # scale * log2(e): the softmax runs in base 2
+    max_blocks,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_bts,
+    stride_btb,
+    GROUP: tl.constexpr,  # query heads per kv head
+    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two (tl.arange needs one)
+    BLOCK_Q: tl.constexpr,  # query tokens per program
+    BLOCK_N: tl.constexpr,  # keys per inner step
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
+    USE_DOT: tl.constexpr,  # every tile dim >= 16; else broadcast-multiply and reduce
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    # Scalar loads below index with seq < num_seqs (the grid's first dim): always in bounds.
+    q_start = tl.load(qsl_ptr + seq).to(tl.int64)
+    q_len = (tl.load(qsl_ptr + seq + 1) - q_start).to(tl.int32)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    # The grid is sized by the longest query; shorter sequences have idle tiles.
+    if q_block * BLOCK_Q >= q_len:
+        return
+
+    rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    tok = q_block * BLOCK_Q + rows // GROUP_PAD  # query row within the sequence
+    member = rows % GROUP_PAD  # head within the GQA group
+    head = kv_head * GROUP + member
+    row_ok = (tok < q_len) & (member < GROUP)
+    q_pos = seq_len - q_len + tok  # absolute position of each query token
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+
+    q_ptrs = (
+        q_ptr
+        + (q_start + tok)[:, None] * stride_qt
+        + head[:, None] * stride_qh
+        + d[None, :] * stride_qd
+    )
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    # Folding the scale into Q costs one multiply per query element instead of one per score.
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0).to(tl.float32) * qk_scale
+
+    m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, BLOCK_D], tl.float32)
+
+    # Causality: the tile's last query sees keys up to its own position, nothing beyond.
+    kv_end = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * BLOCK_Q)
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_bts
+    for start in range(0, kv_end, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        col = n // BLOCK_SIZE
+        # The column bound only guards a table shorter than seq_len claims (bad input).
+        n_ok = (n < kv_end) & (col < max_blocks)
+        block = tl.load(bt_row + col * stride_btb, mask=n_ok, other=0).to(tl.int64)
+        offset = n % BLOCK_SIZE
+        k_off = block * stride_kb + offset * stride_ks + kv_head * stride_kh  # [BLOCK_N]
+        v_off = block * stride_vb + offset * stride_vs + kv_head * stride_vh
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        # K is loaded transposed, [BLOCK_D, BLOCK_N], so Q @ K needs no tl.trans.
+        k = tl.load(
+            k_ptr + k_off[None, :] + d[:, None] * stride_kd,
+            mask=d_ok[:, None] & n_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        v = v.to(tl.float32)
+
+        if USE_DOT:
+            s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        else:
+            s = tl.sum(q[:, :, None] * k[None, :, :], axis=1)
+        visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # Rows with nothing visible yet (only padding rows) keep m = -inf; shifting by 0 there
+        # keeps exp2 at 0 instead of exp2(-inf - -inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if USE_DOT:
+            pv = tl.dot(p, v, input_precision=DOT_PRECISION)
+        else:
+            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # Every real query row sees key 0, so l_i > 0 there; the guard only spares padding rows.
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_ptrs = (
+        o_ptr
+        + (q_start + tok)[:, None] * stride_ot
+        + head[:, None] * stride_oh
+        + d[None, :] * stride_od
+    )
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=q_mask)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim], sequences back to back
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], step's K stored
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], step's V stored
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int: seq i owns rows qsl[i]:qsl[i+1]
+    seq_lens: torch.Tensor,  # [num_seqs] int: context length after this step
+    scale: float,
+    max_query_len: int,  # host-side: sizes the grid
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention of each sequence's query rows over its cached context.
+
+    Query row j of sequence i sits at position seq_lens[i] - q_len + j and sees keys at positions
+    <= its own. Grid: (num_seqs, cdiv(max_query_len, BLOCK_Q), num_kv_heads); each program holds
+    BLOCK_Q query tokens x all query heads of one kv head, and walks the context in BLOCK_N-key
+    steps, gathering keys through the block table, with an fp32 online softmax.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=query.device)
+    if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
+        return out
+
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    # A decode-only batch gets a 1-token tile rather than a mostly idle 64-row one.
+    block_q = max(1, min(_TILE_ROWS // group_pad, triton.next_power_of_2(max_query_len)))
+    block_d = triton.next_power_of_2(head_dim)
+    # GPUs' tl.dot needs every dim >= 16; smaller tiles take the broadcast-and-sum path.
+    use_dot = block_q * group_pad >= 16 and _BLOCK_N >= 16 and block_d >= 16
+    # fp16/bf16 values are exact in tf32, so tf32 tensor cores cost 16-bit inputs about one extra
+    # rounding (the scale folded into Q, P before P.V); fp32 inputs would lose 13 mantissa bits,
+    # hence full-precision dots there.
+    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    _prefill_kernel[grid](
+        query,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        scale * _LOG2E,
+        block_tables.shape[1],
+        *query.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *out.stride(),
+        *block_tables.stride(),
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        BLOCK_N=_BLOCK_N,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        USE_DOT=use_dot,
+        DOT_PRECISION=precision,
+    )
+    return out

@@ -1,0 +1,153 @@
+"""The Triton paged prefill attention against kernels.reference.paged_attention."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must precede the first triton import: the interpreter is chosen at import time.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kernels import reference, triton_prefill  # noqa: E402
+from kernels.metadata import build_attention_metadata  # noqa: E402
+from kernels.triton_prefill import paged_prefill_attention  # noqa: E402
+
+# The kernel runs here; the reference always runs on the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=1e-2, rtol=1e-2),
+    # The interpreter's fp32 -> bf16 cast truncates instead of rounding: up to 1 ulp (2^-7 rel).
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+# (cached tokens, new tokens): a fresh prompt, a chunk continuing a context whose last block is
+# partly filled (21 is no multiple of 8/16/32), a decode-like token, a chunk on a block boundary,
+# a short chunk. Contexts stay <= 43 tokens so the interpreter runs them in about a second.
+MIXED = [(0, 13), (21, 7), (37, 1), (16, 20), (40, 3)]
+
+
+def _run_case(
+    shapes: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    share: tuple[int, int] | None = (2, 4),
+    strided_query: bool = False,
+) -> None:
+    """Store this step's K/V with the reference, then compare kernel and reference outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-(c + n) // block_size) for c, n in shapes) + 8
+    # Random everywhere, so a read through a wrong slot cannot match by accident.
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    free = torch.randperm(num_blocks, generator=gen).tolist()  # tables are not contiguous
+    tables = [[free.pop() for _ in range(-(-(c + n) // block_size))] for c, n in shapes]
+    if share is not None:
+        # Forked sequences share full prefix blocks nobody writes this step (copy-on-write).
+        a, b = share
+        num_shared = min(shapes[a][0], shapes[b][0]) // block_size
+        assert num_shared >= 1, "the case must share at least one block"
+        tables[b][:num_shared] = tables[a][:num_shared]
+    # Metadata stays on the CPU for the reference (it builds its causal masks there).
+    meta = build_attention_metadata(
+        [n for _, n in shapes], [c for c, _ in shapes], tables, block_size
+    )
+    num_tokens = sum(n for _, n in shapes)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    # Q as a slice of a fused QKV projection has non-contiguous rows; else a plain tensor.
+    q_heads = num_heads + 2 * num_kv_heads if strided_query else num_heads
+    query = torch.randn(num_tokens, q_heads, head_dim, generator=gen)
+    k_cache, v_cache, key, value = (t.to(dtype) for t in (k_cache, v_cache, key, value))
+    query = query.to(DEVICE, dtype)[:, :num_heads]
+    reference.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+    scale = head_dim**-0.5
+
+    out = paged_prefill_attention(
+        query,
+        k_cache.to(DEVICE),
+        v_cache.to(DEVICE),
+        meta.block_tables.to(DEVICE),
+        meta.query_start_loc.to(DEVICE),
+        meta.seq_lens.to(DEVICE),
+        scale,
+        max(n for _, n in shapes),
+    ).cpu()
+
+    # The reference runs in fp32 on the same (rounded) inputs; it reads the cache, not new K/V.
+    expected = reference.paged_attention(
+        query.cpu().float(), k_cache.float(), v_cache.float(), meta, scale
+    )
+    assert out.dtype == dtype and out.shape == (num_tokens, num_heads, head_dim)
+    torch.testing.assert_close(out.float(), expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_mixed_batch_fp32(group, block_size):
+    _run_case(MIXED, 2 * group, 2, 64, block_size, torch.float32, seed=group * 100 + block_size)
+
+
+@pytest.mark.parametrize(("group", "block_size"), [(1, 16), (4, 8), (2, 32)])
+def test_mixed_batch_fp16(group, block_size):
+    _run_case(MIXED, 2 * group, 2, 64, block_size, torch.float16, seed=7)
+
+
+def test_mixed_batch_bf16():
+    # bf16 is only loaded and stored; all arithmetic is fp32, which the interpreter supports.
+    _run_case(MIXED, 4, 2, 64, 16, torch.bfloat16, seed=8)
+
+
+def test_head_dim_128():
+    _run_case([(0, 9), (19, 5), (30, 1)], 4, 2, 128, 16, torch.float32, seed=9, share=(1, 2))
+
+
+def test_strided_query():
+    assert not torch.randn(3, 8, 64)[:, :4].is_contiguous()
+    _run_case(MIXED, 4, 2, 64, 16, torch.float32, seed=10, strided_query=True)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_decode_only_batch_uses_broadcast_path(group):
+    # max_query_len == 1 gives 1- or 2-row tiles: below tl.dot's 16, the broadcast-and-sum path.
+    shapes = [(5, 1), (33, 1), (16, 1), (0, 1), (24, 1)]
+    _run_case(shapes, 2 * group, 2, 64, 8, torch.float32, seed=11, share=(1, 4))
+
+
+def test_several_query_tiles_per_sequence(monkeypatch):
+    # 16-row tiles with group 4 hold 4 query tokens: a 27-token chunk spans 7 tiles, each with its
+    # own causal key range; a 3-row group (padded to 4) leaves idle rows in every tile.
+    monkeypatch.setattr(triton_prefill, "_TILE_ROWS", 16)
+    _run_case([(0, 27), (9, 18), (12, 1)], 8, 2, 64, 8, torch.float32, seed=12, share=(1, 2))
+    _run_case([(0, 27), (9, 18), (12, 1)], 6, 2, 64, 8, torch.float32, seed=13, share=(1, 2))
+
+
+def test_empty_batch():
+    query = torch.randn(0, 4, 64)
+    k_cache = torch.randn(4, 16, 2, 64)
+    out = paged_prefill_attention(
+        query,
+        k_cache,
+        k_cache,
+        torch.zeros(0, 1, dtype=torch.int64),
+        torch.zeros(1, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        0.125,
+        0,
+    )
+    assert out.shape == (0, 4, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_medium_prefill_cuda():
+    # Real tile sizes on a GPU: long prompts, chunks, decodes, GQA 4, head_dim 128, fp16.
+    shapes = [(0, 517), (300, 211), (1023, 1), (64, 128), (777, 64), (0, 1), (2000, 33)]
+    _run_case(shapes, 32, 8, 128, 16, torch.float16, seed=14, share=(2, 4))
+    _run_case(shapes, 16, 8, 64, 32, torch.bfloat16, seed=15, share=(2, 4))
