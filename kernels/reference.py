@@ -73,7 +73,8 @@ def paged_attention(
             v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, ctx, head_dim]
             # query i sits at position start_pos + i and sees keys at positions <= that
-            mask = torch.arange(ctx)[None, :] <= torch.arange(q_len)[:, None] + span.start_pos
+            positions = torch.arange(ctx, device=query.device)
+            mask = positions[None, :] <= positions[:q_len, None] + span.start_pos
             o = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
             )

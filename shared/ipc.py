@@ -32,10 +32,18 @@ class Addresses:
         )
 
 
+def default_addresses() -> Addresses:
+    """Fixed ipc:// endpoints, so services started one by one on a machine find each other."""
+    return Addresses.ipc(os.path.join(tempfile.gettempdir(), "pagedserve"))
+
+
 def add_address_args(parser) -> None:
     group = parser.add_argument_group("ZeroMQ endpoints (ipc:// on one machine, tcp:// across)")
+    defaults = default_addresses()
     for name in ("requests", "deltas", "plans", "results"):
-        group.add_argument(f"--{name}-addr", required=True, help=f"the {name} pipe")
+        group.add_argument(
+            f"--{name}-addr", default=getattr(defaults, name), help=f"the {name} pipe"
+        )
 
 
 def addresses_from_args(args) -> Addresses:
@@ -52,6 +60,8 @@ def make_socket(ctx: zmq.Context, kind: int, address: str, bind: bool) -> zmq.So
     else:
         sock.setsockopt(zmq.RCVHWM, 0)
     if bind:
+        if address.startswith("ipc://"):
+            os.makedirs(os.path.dirname(address[len("ipc://") :]), exist_ok=True)
         sock.bind(address)
     else:
         sock.connect(address)
