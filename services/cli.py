@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible API (three processes)")
     add_engine_args(serve)
     add_gateway_args(serve)
+    serve.add_argument("--plan-log", default=None, help="scheduler: append one JSON line per step")
 
     args = parser.parse_args(argv)
     if args.command == "serve":

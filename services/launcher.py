@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 from services.engine.args import engine_argv
 from shared.ipc import Addresses
@@ -26,11 +29,12 @@ class Stack:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.procs: dict[str, subprocess.Popen] = {}
+        self.ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")  # private pipes of this stack
 
     def start(self) -> None:
         args = self.args
         model_dir = str(resolve_model(args.model))  # convert once, before children race to it
-        addresses = Addresses.ipc()
+        addresses = Addresses.ipc(self.ipc_dir)
         wires = [
             "--requests-addr", addresses.requests,
             "--deltas-addr", addresses.deltas,
@@ -63,10 +67,12 @@ class Stack:
                 return name, code
         return None
 
-    def wait_ready(self, url: str, timeout: float) -> str | None:
+    def wait_ready(self, url: str, timeout: float, stopping: Callable[[], bool]) -> str | None:
         """None once /health answers 200, else why not."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if stopping():
+                return "interrupted"
             gone = self.exited()
             if gone is not None:
                 return f"the {gone[0]} process exited with code {gone[1]} during start-up"
@@ -90,6 +96,7 @@ class Stack:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -104,7 +111,7 @@ def serve(args: argparse.Namespace) -> int:
     url = f"http://{args.host}:{args.port}"
     try:
         stack.start()
-        problem = stack.wait_ready(url, START_TIMEOUT_S)
+        problem = stack.wait_ready(url, START_TIMEOUT_S, lambda: stopping["signal"] is not None)
         if problem is not None and stopping["signal"] is None:
             print(f"pagedserve: failed to start: {problem}", file=sys.stderr)
             return 1

@@ -33,8 +33,8 @@ class Addresses:
 
 
 def default_addresses() -> Addresses:
-    """Fixed ipc:// endpoints, so services started one by one on a machine find each other."""
-    return Addresses.ipc(os.path.join(tempfile.gettempdir(), "pagedserve"))
+    """Fixed per-user ipc:// endpoints, so services started one by one find each other."""
+    return Addresses.ipc(os.path.join(tempfile.gettempdir(), f"pagedserve-{os.getuid()}"))
 
 
 def add_address_args(parser) -> None:

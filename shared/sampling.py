@@ -11,6 +11,9 @@ from shared.errors import InvalidRequestError
 
 # Upper bound on requested top logprobs; OpenAI allows 20 for chat and 5 for completions.
 MAX_LOGPROBS = 20
+INT32_MAX = 2**31 - 1  # bounds integer fields so every value fits the wire and torch tensors
+# Below this temperature sampling is greedy: dividing by it would overflow fp32 logits.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -27,18 +30,19 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _require_int("n", self.n, 1, 64)
-        _require_int("max_tokens", self.max_tokens, 1, None)
+        _require_int("max_tokens", self.max_tokens, 1, INT32_MAX)
         _require_number("temperature", self.temperature, 0.0, 100.0)
         _require_number("top_p", self.top_p, 0.0, 1.0)
         if self.top_p == 0.0:
             raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
-        _require_int("top_k", self.top_k, -1, None)
+        _require_int("top_k", self.top_k, -1, INT32_MAX)
         if self.seed is not None:
             _require_int("seed", self.seed, -(2**63), 2**63 - 1)
-        if not isinstance(self.stop_token_ids, tuple):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not isinstance(self.stop_token_ids, tuple | list):
+            raise InvalidRequestError("stop_token_ids must be a list of integers", "stop_token_ids")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         for token_id in self.stop_token_ids:
-            _require_int("stop_token_ids", token_id, 0, None)
+            _require_int("stop_token_ids", token_id, 0, INT32_MAX)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError("ignore_eos must be a boolean", param="ignore_eos")
         if self.logprobs is not None:
@@ -46,7 +50,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
     @classmethod
     def from_dict(

@@ -63,6 +63,10 @@ def test_bad_requests_are_rejected_and_the_rest_complete(small_pool_engine, prom
         ({"stop_token_ids": [1, -1]}, "stop_token_ids"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"colour": "red"}, "colour"),
+        ({"max_tokens": 2**64}, "max_tokens"),
+        ({"top_k": 2**63}, "top_k"),
+        ({"stop_token_ids": 5}, "stop_token_ids"),
+        ({"stop_token_ids": [2**40]}, "stop_token_ids"),
     ],
 )
 def test_sampling_values_are_validated(values, param):

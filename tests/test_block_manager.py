@@ -448,3 +448,17 @@ def test_check_detects_a_free_list_that_disagrees_with_ref_counts():
     del manager.tables[0]  # ref counts agree with the tables, but block 0 is not on the free list
     with pytest.raises(AssertionError, match="free list differs"):
         manager.check()
+
+
+def test_swapping_a_group_whose_sample_holds_no_blocks_yet():
+    # After a recompute preemption a forked group may come back with only some samples
+    # prefilled (the token budget reached the first); swapping it must skip the others.
+    manager = BlockManager(block_size=4, num_device_blocks=4, num_cpu_blocks=4)
+    manager.allocate_slots(0, 0, 6)
+    pairs = manager.swap_out([0, 1])
+    assert pairs == [(0, 0), (1, 1)]
+    assert manager.cpu_tables == {0: [0, 1], 1: []}
+    manager.check()
+    assert manager.swap_in([0, 1]) == [(0, 2), (1, 3)]
+    assert manager.tables == {0: [2, 3], 1: []}
+    manager.check()

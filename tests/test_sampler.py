@@ -85,3 +85,15 @@ def test_logprobs_are_the_models_log_softmax():
         assert values == sorted(values, reverse=True)
     without = sample(logits, _rows(SamplingParams(temperature=0.0), 2), torch.Generator())
     assert without[0].logprob is None and without[0].top_logprobs == []
+
+
+def test_tiny_temperature_is_greedy_and_huge_top_k_keeps_everything():
+    logits = _logits()
+    rows = _rows(SamplingParams(temperature=1e-40, seed=1), 4)
+    assert [t.token_id for t in sample(logits, rows, torch.Generator())] == logits.argmax(
+        -1
+    ).tolist()
+    mixed = [SampleRow(0, 0, SamplingParams(top_k=2**31 - 1, seed=2), None)]
+    mixed.append(SampleRow(1, 1, SamplingParams(top_k=1, seed=2), None))
+    tokens = sample(logits[:2], mixed, torch.Generator().manual_seed(0))
+    assert tokens[1].token_id == logits[1].argmax().item()

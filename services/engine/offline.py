@@ -85,9 +85,12 @@ def prompt_ids(engine: LLMEngine, line: dict[str, Any], chat: bool) -> list[int]
         raise InvalidRequestError(
             "messages must be a list of {role, content} objects", param="messages"
         )
-    encoded = engine.tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True
-    )
+    try:
+        encoded = engine.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+    except Exception as exc:  # no template, or one that rejects these roles or their order
+        raise InvalidRequestError(f"cannot apply the chat template: {exc}", "messages") from exc
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 

@@ -42,6 +42,9 @@ class Executor:
             torch.set_num_threads(config.model.num_threads)
         self.device = _device(config.model.device)
         self.ops = select_ops(config.model.attention_backend, self.device)
+        block_size = config.cache.block_size
+        if self.ops.name == "triton" and block_size & (block_size - 1):
+            raise ValueError(f"the triton kernels need a power-of-two block size, got {block_size}")
         hf_config = load_hf_config(model_dir)
         self.max_model_len = _max_model_len(hf_config, config.model.max_model_len)
         dtype = DTYPES[config.model.dtype]

@@ -119,7 +119,7 @@ def linear_weight(
     weight: torch.Tensor,  # [out_features, in_features]
     bias: torch.Tensor | None = None,  # [out_features]
 ) -> torch.Tensor:  # [num_rows, out_features]
-    if not FLIPPED_ROWS[0] <= x.shape[0] <= FLIPPED_ROWS[1]:
+    if x.device.type != "cpu" or not FLIPPED_ROWS[0] <= x.shape[0] <= FLIPPED_ROWS[1]:
         return F.linear(x, weight, bias)
     # Made contiguous again: later elementwise ops would keep the column-major layout, and
     # attention kernels fall back to slow paths on it.

@@ -79,7 +79,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
     logits = logits / temperature[:, None]
     vocab = logits.shape[-1]
-    top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+    top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
     # top_p == 1 keeps everything; an infinite threshold avoids dropping the tail by rounding.
     top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
     if min(top_k) < vocab or min(top_p) < 1.0:

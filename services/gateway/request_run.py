@@ -97,8 +97,10 @@ class RequestRun:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self._started:
             self.state.num_unstarted -= 1
-        if not self.finished and not self._gone:
-            # Spawned, not awaited: the handler may be under cancellation already.
+        if not self.finished:
+            # Also after BackendGone: the scheduler may be alive while its executor was not, and
+            # an abort of an unknown request is a no-op. Spawned, not awaited: the handler may
+            # be under cancellation already.
             self.state.spawn(self.state.backend.abort(self.request_id), "abort")
         aclose = getattr(self._iter, "aclose", None)
         if aclose is not None:

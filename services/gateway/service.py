@@ -29,7 +29,6 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="answer 429 while this many requests wait for admission",
     )
-    group.add_argument("--plan-log", default=None, help="scheduler: one JSON line per step")
 
 
 def main(argv: list[str] | None = None) -> int:

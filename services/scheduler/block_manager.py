@@ -108,7 +108,8 @@ class BlockManager:
         mapping: dict[int, int] = {}  # src block -> dst block, so shared blocks move once
         for seq_id in seq_ids:
             new_table = []
-            for src in src_tables.pop(seq_id):
+            # A recomputing sample may hold no blocks yet (the budget reached only its siblings).
+            for src in src_tables.pop(seq_id, []):
                 if src in mapping:
                     dst_pool.incref(mapping[src])
                 else:

@@ -212,10 +212,17 @@ class Scheduler:
         updates = {u.group.request_id: u for u in self._pending_updates}
         self._pending_updates = []
         if result.error is not None:
+            # The whole group ends, also samples that were not in this step, and children the
+            # executor may already have created for a fork are forgotten there too.
             for entry in entries:
-                if not entry.seq.is_finished:
-                    self._finish(entry.group, entry.seq, "error")
-                    self._remove_if_done(entry.group, updates)
+                self._freed_seq_ids.extend(entry.fork_seq_ids)
+                group = entry.group
+                for seq in group.live_seqs():
+                    self._finish(group, seq, "error")
+                for queue in (self.running, self.swapped):
+                    if group in queue:
+                        queue.remove(group)
+                updates.setdefault(group.request_id, GroupUpdate(group)).finished = True
             return list(updates.values())
 
         sampled = {t.seq_id: t for t in result.tokens}

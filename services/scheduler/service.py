@@ -85,6 +85,8 @@ class SchedulerService:
         self._executor_seen = time.monotonic()
         self._stopping = asyncio.Event()
         self._last_step = (0.0, 0.0, 0.0)  # scheduler, executor, round trip seconds
+        self._awaited_step: int | None = None  # the step whose result _results may deliver
+        self._crashed = False
         self._num_steps = 0
 
     async def run(self) -> int:
@@ -108,14 +110,28 @@ class SchedulerService:
                 asyncio.create_task(coro)
                 for coro in (self._intake(), self._steps(), self._heartbeat(), self._results())
             ]
+            for task in tasks:
+                task.add_done_callback(self._on_task_done)
             await self._stopping.wait()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._send_executor_shutdown()
-            return 0
+            return 1 if self._crashed else 0
         finally:
             ctx.destroy(linger=0)
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        # A dead task would leave requests waiting forever behind a healthy heartbeat: stop the
+        # process instead, so the launcher reports it and the gateway ends open streams.
+        if task.cancelled() or self._stopping.is_set():
+            return
+        exc = task.exception()
+        log.error(
+            "scheduler task %s ended: %r; stopping", task.get_coro().__name__, exc, exc_info=exc
+        )
+        self._crashed = True
+        self._stopping.set()
 
     async def _wait_for_executor(self) -> ExecutorReady:
         while True:
@@ -127,15 +143,25 @@ class SchedulerService:
     # ---- tasks --------------------------------------------------------------------------------
     async def _intake(self) -> None:
         while True:
-            message = await recv(self.requests)
+            try:
+                message = await recv(self.requests)
+            except ValueError as exc:  # a malformed message (WireError, bad values): drop it
+                log.warning("dropped a malformed request message: %s", exc)
+                continue
             if isinstance(message, GenerateRequest):
                 try:
                     self.scheduler.add_request(
                         message.request_id, message.prompt_token_ids, message.sampling
                     )
+                    # Acknowledge at once: the gateway counts a request as queued here from
+                    # now on (stats.num_waiting), no longer as in transit.
+                    reply = RequestDelta(
+                        message.request_id, [], False,
+                        num_prompt_tokens=len(message.prompt_token_ids),
+                    )  # fmt: skip
                 except InvalidRequestError as exc:
-                    rejected = RequestDelta(message.request_id, [], True, exc.to_dict()["error"])
-                    await self._send(TokenDeltas([rejected], self._stats()))
+                    reply = RequestDelta(message.request_id, [], True, exc.to_dict()["error"])
+                await self._send(TokenDeltas([reply], self._stats()))
                 self._work.set()
             elif isinstance(message, AbortRequest):
                 update = self.scheduler.abort(message.request_id)
@@ -149,9 +175,13 @@ class SchedulerService:
         while True:
             message = await recv(self.results)
             self._executor_seen = time.monotonic()
-            if isinstance(message, StepResult) and self._result is not None:
-                if not self._result.done():
+            if isinstance(message, StepResult):
+                # A result that arrives after its step was given up on must not end another.
+                awaited = self._result is not None and message.step_id == self._awaited_step
+                if awaited and not self._result.done():
                     self._result.set_result(message)
+                elif not awaited:
+                    log.warning("dropped a late result for step %d", message.step_id)
             elif not isinstance(message, ExecutorHeartbeat | ExecutorReady):
                 log.warning("unexpected message from the executor: %s", type(message).__name__)
 
@@ -166,8 +196,8 @@ class SchedulerService:
             plan = scheduler.schedule()
             t1 = time.perf_counter()
             self._result = asyncio.get_running_loop().create_future()
-            await send(self.plans, plan)
-            result = await self._await_result(plan.step_id)
+            self._awaited_step = plan.step_id
+            result = await self._run_plan(plan)
             t2 = time.perf_counter()
             updates = scheduler.update(result)
             t3 = time.perf_counter()
@@ -179,14 +209,20 @@ class SchedulerService:
             if not plan.seqs and not updates:
                 await asyncio.sleep(0.005)  # nothing runnable right now; do not spin
 
-    async def _await_result(self, step_id: int) -> StepResult:
+    async def _run_plan(self, plan) -> StepResult:
+        """Send the plan and await its result; a silent executor fails the step instead of
+        hanging it (a send to a dead executor would wait forever, so it is bounded too)."""
+        sent = False
         while True:
             try:
+                if not sent:
+                    await asyncio.wait_for(send(self.plans, plan), HEARTBEAT_S)
+                    sent = True
                 return await asyncio.wait_for(asyncio.shield(self._result), HEARTBEAT_S)
             except TimeoutError:
                 if not self._executor_alive():
-                    log.error("executor stopped responding; failing step %d", step_id)
-                    return StepResult(step_id, [], error="the executor stopped responding")
+                    log.error("executor stopped responding; failing step %d", plan.step_id)
+                    return StepResult(plan.step_id, [], error="the executor stopped responding")
 
     async def _heartbeat(self) -> None:
         while True:

@@ -85,6 +85,8 @@ async def test_rejection_and_abort_reach_the_gateway(backend, prompts):
         "long-one", prompts[4], SamplingParams(max_tokens=400, ignore_eos=True), 0.0
     )
     stream = backend.generate(request)
+    ack = await stream.__anext__()  # accepted: counted as waiting at the scheduler from now on
+    assert ack.seqs == [] and not ack.finished and ack.num_prompt_tokens == len(prompts[4])
     first = await stream.__anext__()
     assert first.seqs and not first.finished
     await backend.abort("long-one")
