@@ -48,26 +48,31 @@ def build_attention_metadata(
     """Metadata for sequences that each compute query_lens[i] tokens from start_positions[i]."""
     num_seqs = len(query_lens)
     seq_lens = [s + q for s, q in zip(start_positions, query_lens)]
-    max_blocks = max((len(t) for t in block_tables), default=0)
-    table = torch.zeros((num_seqs, max(max_blocks, 1)), dtype=torch.int64)
-    for i, blocks in enumerate(block_tables):
-        table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
-    offsets = torch.arange(block_size, dtype=torch.int64)
-    # [num_seqs, max_blocks * block_size]: the cache slot of every logical position
-    all_slots = (table[:, :, None] * block_size + offsets).reshape(num_seqs, -1)
+    max_blocks = max(max((len(t) for t in block_tables), default=0), 1)
+    table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in block_tables], dtype=torch.int64)
+    table = table.view(num_seqs, max_blocks)
 
     query_start_loc = [0]
-    slot_mapping = []
     decode_seq_idx, prefills = [], []
     for i in range(num_seqs):
         start, end = query_start_loc[-1], query_start_loc[-1] + query_lens[i]
         query_start_loc.append(end)
-        slot_mapping.append(all_slots[i, start_positions[i] : seq_lens[i]])
         if query_lens[i] == 1:
             decode_seq_idx.append(i)
         else:
             num_blocks = -(-seq_lens[i] // block_size)
             prefills.append(PrefillSpan(start, end, start_positions[i], table[i, :num_blocks]))
+
+    # The slot of every new token, from its sequence's table: [num_tokens]
+    lens_q = torch.tensor(query_lens, dtype=torch.int64)
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), lens_q)
+    first_row = torch.repeat_interleave(
+        torch.tensor(query_start_loc[:-1], dtype=torch.int64), lens_q
+    )
+    position = torch.tensor(start_positions, dtype=torch.int64)[seq_of_token] + (
+        torch.arange(query_start_loc[-1]) - first_row
+    )
+    slot_mapping = table[seq_of_token, position // block_size] * block_size + position % block_size
 
     decode_idx = torch.tensor(decode_seq_idx, dtype=torch.int64)
     qsl = torch.tensor(query_start_loc, dtype=torch.int64)
@@ -81,9 +86,7 @@ def build_attention_metadata(
         decode_blocks = torch.zeros((0, 0), dtype=torch.int64)
         decode_mask = torch.zeros((0, 0), dtype=torch.bool)
     return AttentionMetadata(
-        slot_mapping=torch.cat(slot_mapping).to(device)
-        if slot_mapping
-        else torch.zeros(0, dtype=torch.int64),
+        slot_mapping=slot_mapping.to(device),
         query_start_loc=qsl.to(device),
         seq_lens=lens.to(device),
         block_tables=table.to(device),
