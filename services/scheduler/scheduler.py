@@ -81,9 +81,7 @@ class Scheduler:
                 param="n",
             )
         seq = Sequence(self._new_seq_id(), 0, list(prompt_token_ids), len(prompt_token_ids))
-        group = SequenceGroup(
-            request_id, self._next_arrival, sampling, [seq], max_seq_len=self.max_seq_len
-        )
+        group = SequenceGroup(request_id, self._next_arrival, sampling, [seq])
         self._next_arrival += 1
         self.groups[request_id] = group
         self.waiting.append(group)
@@ -377,7 +375,7 @@ class Scheduler:
             return "stop"
         if not sampling.ignore_eos and token_id in self.eos_token_ids:
             return "stop"
-        if seq.num_output_tokens >= sampling.max_tokens or seq.num_tokens >= group.max_seq_len:
+        if seq.num_output_tokens >= sampling.max_tokens or seq.num_tokens >= self.max_seq_len:
             return "length"
         return None
 

@@ -58,7 +58,6 @@ class SequenceGroup:
     sampling: SamplingParams
     seqs: list[Sequence]
     forked: bool = False  # n > 1: whether the parallel samples exist yet
-    max_seq_len: int = 0  # cap on any sequence's total length (model and pool limits)
 
     @property
     def prompt_token_ids(self) -> list[int]:
