@@ -39,26 +39,29 @@ def paged_attention(
     """
     out = torch.empty_like(query)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    if meta.decode_rows.numel():
-        num_decodes, max_blocks = meta.decode_blocks.shape
-        flat_blocks = meta.decode_blocks.reshape(-1)
+    if meta.reference is None:
+        raise ValueError("the reference backend needs metadata built with reference_views=True")
+    views = meta.reference
+    if views.decode_rows.numel():
+        num_decodes, max_blocks = views.decode_blocks.shape
+        flat_blocks = views.decode_blocks.reshape(-1)
         # index_select copies whole blocks: [B * max_blocks, block_size, kv_heads, head_dim]
         k = k_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
         v = v_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
-        pure_decode = not meta.prefills  # then row i is decode i: no gather or scatter of rows
-        q = query if pure_decode else query.index_select(0, meta.decode_rows)
+        pure_decode = not views.prefills  # then row i is decode i: no gather or scatter of rows
+        q = query if pure_decode else query.index_select(0, views.decode_rows)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, num_heads, 1, head_dim]
             k.transpose(1, 2),  # [B, kv_heads, max_blocks * block_size, head_dim]
             v.transpose(1, 2),
-            attn_mask=meta.decode_mask,
+            attn_mask=views.decode_mask,
             scale=scale,
             enable_gqa=True,
         ).squeeze(2)
         if pure_decode:
             return o
-        out[meta.decode_rows] = o
-    for span in meta.prefills:
+        out[views.decode_rows] = o
+    for span in views.prefills:
         rows = slice(span.query_start, span.query_end)
         q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
         q_len = q.shape[1]

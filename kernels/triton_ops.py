@@ -21,7 +21,7 @@ def paged_attention(
     new_key: torch.Tensor | None = None,  # unused: the kernels read this step's K/V from the cache
     new_value: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    if not meta.prefills:
+    if meta.max_query_len <= 1:
         # Every sequence has one query token: the decode kernel (split-K for long contexts).
         return paged_decode_attention(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale

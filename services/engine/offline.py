@@ -8,6 +8,7 @@ import sys
 from typing import Any, TextIO
 
 from services.engine.llm_engine import LLMEngine, RequestOutput
+from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError, PagedServeError
 from shared.sampling import SamplingParams
 
@@ -71,27 +72,12 @@ def prompt_ids(engine: LLMEngine, line: dict[str, Any], chat: bool) -> list[int]
             )
         return ids
     if "messages" in line:
-        messages = line["messages"]
-    else:
-        if not isinstance(line["prompt"], str):
-            raise InvalidRequestError("prompt must be a string", param="prompt")
-        if not chat:
-            return engine.tokenizer.encode(line["prompt"], add_special_tokens=False)
-        messages = [{"role": "user", "content": line["prompt"]}]
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
-        for m in messages
-    ):
-        raise InvalidRequestError(
-            "messages must be a list of {role, content} objects", param="messages"
-        )
-    try:
-        encoded = engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
-        )
-    except Exception as exc:  # no template, or one that rejects these roles or their order
-        raise InvalidRequestError(f"cannot apply the chat template: {exc}", "messages") from exc
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        return chat_prompt_ids(engine.tokenizer, line["messages"])
+    if not isinstance(line["prompt"], str):
+        raise InvalidRequestError("prompt must be a string", param="prompt")
+    if chat:
+        return chat_prompt_ids(engine.tokenizer, [{"role": "user", "content": line["prompt"]}])
+    return engine.tokenizer.encode(line["prompt"], add_special_tokens=False)
 
 
 def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:

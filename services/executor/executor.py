@@ -96,9 +96,10 @@ class Executor:
         t1 = time.perf_counter()
         inputs = build_inputs(
             plan.seqs,
-            {s.seq_id: self.seqs[s.seq_id].block_table for s in plan.seqs},
+            [self.seqs[s.seq_id].block_table for s in plan.seqs],
             self.cache.block_size,
             self.device,
+            reference_views=self.ops.name == "torch",
         )
         t2 = time.perf_counter()
         with torch.inference_mode():
@@ -109,10 +110,8 @@ class Executor:
             logits = self.model.compute_logits(hidden[inputs.logits_rows]).cpu()
         t3 = time.perf_counter()
         rows = []
-        for seq in plan.seqs:
-            if not seq.sample:
-                continue
-            row = inputs.logits_row_of[seq.seq_id]
+        sampling_seqs = [seq for seq in plan.seqs if seq.sample]
+        for row, seq in enumerate(sampling_seqs):
             state = self.seqs[seq.seq_id]
             rows.append(SampleRow(row, seq.seq_id, state.params, state.generator))
             for index, child_id in enumerate(seq.fork_seq_ids, start=1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError, ModelNotFoundError
 from shared.protocol import SchedulerReady
 from shared.sampling import SamplingParams
@@ -78,16 +79,7 @@ def parse_chat_request(body: Any, info: SchedulerReady, tokenizer: Any) -> Parse
     """Validate a /v1/chat/completions body and render its chat template (blocking)."""
     body = _require_object(body)
     model = _check_model(body, info)
-    messages = _messages(body.get("messages"))
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise InvalidRequestError("this model has no chat template", param="messages")
-    try:
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    except Exception as exc:  # a template may raise on roles or orders it does not support
-        message = f"cannot apply the chat template: {exc}"
-        raise InvalidRequestError(message, param="messages") from exc
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-    prompt_ids = [int(t) for t in ids]
+    prompt_ids = chat_prompt_ids(tokenizer, body.get("messages"))
     _check_prompt_len(prompt_ids, info, "messages")
 
     want_logprobs = _opt_bool(body, "logprobs", False)
@@ -188,42 +180,6 @@ def _check_prompt_len(ids: list[int], info: SchedulerReady, param: str) -> None:
             param=param,
             code="context_length_exceeded",
         )
-
-
-def _messages(messages: Any) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError("messages must be a non-empty list", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidRequestError(
-                f"messages[{i}] must be an object with a string role", param="messages"
-            )
-        out.append({"role": message["role"], "content": _content(message.get("content"), i)})
-    return out
-
-
-def _content(content: Any, i: int) -> str:
-    if content is None:
-        return ""  # e.g. an assistant turn that only carried tool calls
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                raise InvalidRequestError(
-                    f"messages[{i}].content: only text parts are supported", param="messages"
-                )
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise InvalidRequestError(
-        f"messages[{i}].content must be a string or a list of text parts", param="messages"
-    )
 
 
 def _sampling(
