@@ -1,0 +1,90 @@
+"""Structured output: compiles constraints with xgrammar and makes per-sequence matchers.
+
+Compiled grammars are cached by xgrammar's compiler (keyed by the schema or pattern), so a
+schema that many requests share is compiled once. The matcher of a sequence advances with the
+tokens the executor sees it generate, and fills that sequence's row of the step's bitmask.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shared.errors import InvalidRequestError
+
+
+def check_spec(kind: str, spec: str) -> None:
+    """Raise InvalidRequestError if the constraint cannot be compiled (no tokenizer needed)."""
+    import xgrammar
+
+    try:
+        if kind == "json_schema":
+            xgrammar.Grammar.from_json_schema(spec, any_whitespace=False)
+        elif kind == "regex":
+            xgrammar.Grammar.from_regex(spec)
+        elif kind == "choice":
+            xgrammar.Grammar.from_ebnf(_choice_ebnf(spec))
+        elif kind == "grammar":
+            xgrammar.Grammar.from_ebnf(spec)
+    except InvalidRequestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises several types for bad specs
+        raise InvalidRequestError(f"invalid {kind} constraint: {exc}", param="guided") from None
+
+
+def _choice_ebnf(spec: str) -> str:
+    try:
+        choices = json.loads(spec)
+    except ValueError:
+        choices = None
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or not all(isinstance(c, str) and c for c in choices)
+    ):
+        raise InvalidRequestError(
+            "guided_choice must be a non-empty list of non-empty strings", param="guided_choice"
+        )
+    # JSON string literals are valid EBNF literals (same escapes).
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+class GrammarCompiler:
+    """One per executor, built on the first structured request (it loads the tokenizer)."""
+
+    def __init__(self, model_dir: Path, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
+        import xgrammar
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=2)
+        self.vocab_size = vocab_size
+
+    def matcher(self, guided: tuple[str, str]) -> Any:
+        import xgrammar
+
+        kind, spec = guided
+        if kind == "json_object":
+            compiled = self._compiler.compile_builtin_json_grammar()
+        elif kind == "json_schema":
+            # Compact separators: a model cannot ramble in whitespace it is not allowed.
+            compiled = self._compiler.compile_json_schema(spec, any_whitespace=False)
+        elif kind == "regex":
+            compiled = self._compiler.compile_regex(spec)
+        elif kind == "choice":
+            compiled = self._compiler.compile_grammar(_choice_ebnf(spec))
+        else:
+            compiled = self._compiler.compile_grammar(spec)
+        return xgrammar.GrammarMatcher(compiled)
+
+    def bitmask(self, num_rows: int) -> torch.Tensor:
+        """[num_rows, ceil(vocab / 32)] int32, every token allowed."""
+        import xgrammar
+
+        return xgrammar.allocate_token_bitmask(num_rows, self.vocab_size)
