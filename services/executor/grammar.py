@@ -7,49 +7,12 @@ tokens the executor sees it generate, and fills that sequence's row of the step'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from shared.errors import InvalidRequestError
-
-
-def check_spec(kind: str, spec: str) -> None:
-    """Raise InvalidRequestError if the constraint cannot be compiled (no tokenizer needed)."""
-    import xgrammar
-
-    try:
-        if kind == "json_schema":
-            xgrammar.Grammar.from_json_schema(spec, any_whitespace=False)
-        elif kind == "regex":
-            xgrammar.Grammar.from_regex(spec)
-        elif kind == "choice":
-            xgrammar.Grammar.from_ebnf(_choice_ebnf(spec))
-        elif kind == "grammar":
-            xgrammar.Grammar.from_ebnf(spec)
-    except InvalidRequestError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - xgrammar raises several types for bad specs
-        raise InvalidRequestError(f"invalid {kind} constraint: {exc}", param="guided") from None
-
-
-def _choice_ebnf(spec: str) -> str:
-    try:
-        choices = json.loads(spec)
-    except ValueError:
-        choices = None
-    if (
-        not isinstance(choices, list)
-        or not choices
-        or not all(isinstance(c, str) and c for c in choices)
-    ):
-        raise InvalidRequestError(
-            "guided_choice must be a non-empty list of non-empty strings", param="guided_choice"
-        )
-    # JSON string literals are valid EBNF literals (same escapes).
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+from shared.structured import choice_ebnf
 
 
 class GrammarCompiler:
@@ -78,7 +41,7 @@ class GrammarCompiler:
         elif kind == "regex":
             compiled = self._compiler.compile_regex(spec)
         elif kind == "choice":
-            compiled = self._compiler.compile_grammar(_choice_ebnf(spec))
+            compiled = self._compiler.compile_grammar(choice_ebnf(spec))
         else:
             compiled = self._compiler.compile_grammar(spec)
         return xgrammar.GrammarMatcher(compiled)

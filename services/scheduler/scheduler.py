@@ -17,6 +17,7 @@ from shared.config import SchedulerConfig
 from shared.errors import InvalidRequestError
 from shared.protocol import ExecutorReady, SampledToken, ScheduledSeq, StepPlan, StepResult
 from shared.sampling import SamplingParams
+from shared.structured import check_spec
 
 
 @dataclass
@@ -82,6 +83,8 @@ class Scheduler:
                 f"max_num_seqs={self.config.max_num_seqs}",
                 param=param,
             )
+        if sampling.guided is not None:
+            check_spec(*sampling.guided)
         for token_id, _ in sampling.logit_bias:
             if token_id >= self.vocab_size:
                 raise InvalidRequestError(
