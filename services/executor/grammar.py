@@ -14,6 +14,8 @@ import torch
 
 from shared.structured import choice_ebnf
 
+_ANY_OBJECT = '{"type": "object"}'
+
 
 class GrammarCompiler:
     """One per executor, built on the first structured request (it loads the tokenizer)."""
@@ -34,7 +36,8 @@ class GrammarCompiler:
 
         kind, spec = guided
         if kind == "json_object":
-            compiled = self._compiler.compile_builtin_json_grammar()
+            # OpenAI's JSON mode means an object; xgrammar's built-in grammar allows any value.
+            compiled = self._compiler.compile_json_schema(_ANY_OBJECT, any_whitespace=False)
         elif kind == "json_schema":
             # Compact separators: a model cannot ramble in whitespace it is not allowed.
             compiled = self._compiler.compile_json_schema(spec, any_whitespace=False)
