@@ -167,3 +167,16 @@ async def test_unsupported_field_over_http_is_an_openai_error(serve):
     error = (await resp.json())["error"]
     assert error["param"] == "tools" and error["type"] == "invalid_request_error"
     assert backend.requests == []
+
+
+async def test_stop_strings_wait_for_min_tokens(serve, tokenizer):
+    from tests.test_gateway_http import REPLY
+
+    client, _ = await serve()
+    reply_ids = tokenizer.encode(REPLY)
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 50, "stop": " the"}
+    early = await (await client.post("/v1/completions", json=body)).json()
+    assert early["choices"][0]["text"] == ""  # the reply starts with the stop string
+    held = await (await client.post("/v1/completions", json=body | {"min_tokens": 3})).json()
+    # Past min_tokens no later " the" occurs, so the whole reply comes back.
+    assert held["choices"][0]["text"] == tokenizer.decode(reply_ids)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -11,7 +10,7 @@ from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError, ModelNotFoundError
 from shared.protocol import SchedulerReady
 from shared.sampling import SamplingParams
-from shared.structured import check_spec
+from shared.structured import guided_from_body
 
 Kind = Literal["completion", "chat"]
 
@@ -232,7 +231,7 @@ def _sampling(
         "frequency_penalty": body.get("frequency_penalty"),
         "repetition_penalty": body.get("repetition_penalty"),
         "logit_bias": bias,
-        "guided": _guided(body),
+        "guided": guided_from_body(body),
     }
     # null means "the default", which SamplingParams supplies; it validates the rest itself.
     return SamplingParams(**{k: v for k, v in values.items() if v is not None})
@@ -247,71 +246,6 @@ def _check_logit_bias(bias: Any, vocab_size: int) -> None:
                 f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
                 param="logit_bias",
             )
-
-
-_GUIDED_FIELDS = (
-    "response_format",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
-
-
-def _guided(body: dict[str, Any]) -> tuple[str, str] | None:
-    """The structured-output constraint of the body, as (kind, spec), checked for validity."""
-    given = [name for name in _GUIDED_FIELDS if body.get(name) is not None]
-    if (
-        given == ["response_format"]
-        and isinstance(body["response_format"], dict)
-        and body["response_format"].get("type") == "text"
-    ):
-        return None
-    if len(given) > 1:
-        raise InvalidRequestError(
-            f"give at most one structured-output field, got {', '.join(given)}", param=given[1]
-        )
-    if not given:
-        return None
-    name = given[0]
-    value = body[name]
-    if name == "response_format":
-        guided = _response_format(value)
-    elif name == "guided_json":
-        if not isinstance(value, dict | str):
-            raise InvalidRequestError("guided_json must be a JSON schema", param=name)
-        guided = ("json_schema", value if isinstance(value, str) else json.dumps(value))
-    elif name == "guided_choice":
-        if not isinstance(value, list):
-            raise InvalidRequestError("guided_choice must be a list of strings", param=name)
-        guided = ("choice", json.dumps(value))
-    else:
-        if not isinstance(value, str):
-            raise InvalidRequestError(f"{name} must be a string", param=name)
-        guided = ("regex" if name == "guided_regex" else "grammar", value)
-    try:
-        check_spec(*guided)
-    except InvalidRequestError as exc:
-        raise InvalidRequestError(exc.message, param=name) from None
-    return guided
-
-
-def _response_format(value: Any) -> tuple[str, str]:
-    param = "response_format"
-    if not isinstance(value, dict) or value.get("type") not in ("json_object", "json_schema"):
-        raise InvalidRequestError(
-            "response_format.type must be one of text, json_object, json_schema", param=param
-        )
-    if value["type"] == "json_object":
-        return ("json_object", "")
-    spec = value.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-        raise InvalidRequestError(
-            "response_format.json_schema must be an object with a `schema` object", param=param
-        )
-    # OpenAI allows a json_schema without `schema`: then any JSON object is valid.
-    schema = spec.get("schema")
-    return ("json_schema", json.dumps(schema)) if schema is not None else ("json_object", "")
 
 
 def _stop_strings(body: dict[str, Any]) -> list[str]:
