@@ -36,23 +36,37 @@ def row_key(seed: int, sample_index: int, position: int) -> int:
     return _signed(mix64(key + position * _GOLDEN))
 
 
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    # torch shifts int64 arithmetically; masking off the sign copies makes it a logical shift.
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
+def _xorshift_(z: torch.Tensor, bits: int, scratch: torch.Tensor) -> None:
+    """z ^= z >> bits (logical), in place: masking the sign copies off torch's arithmetic shift."""
+    torch.bitwise_right_shift(z, bits, out=scratch)
+    scratch.bitwise_and_((1 << (64 - bits)) - 1)
+    z.bitwise_xor_(scratch)
+
+
+def _vocab_offsets(vocab_size: int, device: torch.device) -> torch.Tensor:
+    # [vocab] int64: (v + 1) * increment, the counter of element v (wraps mod 2**64).
+    index = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=device)
+    return index.mul_(_signed(_GOLDEN))
 
 
 def uniform(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[num_rows] int64 keys -> [num_rows, vocab_size] fp32 uniforms in the open interval (0, 1).
 
     Element (r, v) is SplitMix64's (v+1)-th output for seed keys[r], its top 23 bits: with the
-    half-step offset that is exactly representable in fp32.
+    half-step offset that is exactly representable in fp32. Every step is in place on one
+    [rows, vocab] int64 buffer and one scratch buffer: fresh multi-megabyte tensors per op
+    would cost more in page faults than the arithmetic on a CPU.
     """
-    index = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device)
-    z = keys[:, None] + index[None, :] * _signed(_GOLDEN)  # [num_rows, vocab] wraps mod 2**64
-    z = (z ^ _shift_right(z, 30)) * _signed(_MIX1)
-    z = (z ^ _shift_right(z, 27)) * _signed(_MIX2)
-    z = z ^ _shift_right(z, 31)
-    return (_shift_right(z, 41).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+    z = _vocab_offsets(vocab_size, keys.device)[None, :] + keys[:, None]
+    scratch = torch.empty_like(z)
+    _xorshift_(z, 30, scratch)
+    z.mul_(_signed(_MIX1))
+    _xorshift_(z, 27, scratch)
+    z.mul_(_signed(_MIX2))
+    _xorshift_(z, 31, scratch)
+    torch.bitwise_right_shift(z, 41, out=scratch)
+    scratch.bitwise_and_((1 << 23) - 1)
+    return scratch.to(torch.float32).add_(0.5).mul_(1.0 / (1 << 23))
 
 
 def gumbel(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -61,7 +75,7 @@ def gumbel(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     argmax(logits + gumbel) draws from softmax(logits): the same race as argmax(p / Exp(1)),
     without a softmax or torch.multinomial (which would synchronise with the host).
     """
-    return -torch.log(-torch.log(uniform(keys, vocab_size)))
+    return uniform(keys, vocab_size).log_().neg_().log_().neg_()
 
 
 def uniform_reference(key: int, vocab_index: int) -> float:
