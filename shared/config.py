@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -83,7 +84,35 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism: the executor as tensor_parallel_size ranks joined by torch.distributed."""
+
+    tensor_parallel_size: int = 1
+    master_addr: str = "127.0.0.1"  # where rank 0 listens for the other ranks
+    master_port: int | None = None  # None: a free port, chosen by rank 0 (local ranks only)
+    external_workers: bool = False  # ranks 1.. are started by hand (e.g. on other machines)
+
+    def __post_init__(self) -> None:
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        if self.external_workers and self.master_port is None:
+            raise ValueError("ranks started by hand need a fixed master_port to find rank 0")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> EngineConfig:
+        return cls(
+            model=ModelConfig(**values["model"]),
+            cache=CacheConfig(**values["cache"]),
+            scheduler=SchedulerConfig(**values["scheduler"]),
+            parallel=ParallelConfig(**values["parallel"]),
+        )

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+from shared.config import (
+    CacheConfig,
+    EngineConfig,
+    GiB,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +57,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     sched.add_argument("--preemption-mode", default="recompute", choices=["swap", "recompute"])
 
+    parallel = parser.add_argument_group("tensor parallelism")
+    parallel.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="executor ranks sharing the model"
+    )
+    parallel.add_argument(
+        "--tp-master-addr", default="127.0.0.1", help="address where rank 0 meets the others"
+    )
+    parallel.add_argument(
+        "--tp-master-port", type=int, default=None, help="its port (default: a free one)"
+    )
+    parallel.add_argument(
+        "--tp-external-workers",
+        action="store_true",
+        help="start ranks 1.. by hand (python -m services.executor.tp_worker) instead of locally",
+    )
+
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
@@ -74,6 +97,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             enable_chunked_prefill=args.chunked_prefill,
             preemption_mode=args.preemption_mode,
         ),
+        parallel=ParallelConfig(
+            tensor_parallel_size=args.tensor_parallel_size,
+            master_addr=args.tp_master_addr,
+            master_port=args.tp_master_port,
+            external_workers=args.tp_external_workers,
+        ),
     )
 
 
@@ -90,16 +119,21 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--preemption-mode", args.preemption_mode,
         "--device", args.device,
         "--attention-backend", args.attention_backend,
+        "--tensor-parallel-size", str(args.tensor_parallel_size),
+        "--tp-master-addr", args.tp_master_addr,
     ]  # fmt: skip
     optional = {
         "--model": model,
         "--max-model-len": args.max_model_len,
         "--num-threads": args.num_threads,
         "--num-device-blocks": args.num_device_blocks,
+        "--tp-master-port": args.tp_master_port,
     }
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
     if not args.chunked_prefill:
         argv.append("--no-chunked-prefill")
+    if args.tp_external_workers:
+        argv.append("--tp-external-workers")
     return argv
