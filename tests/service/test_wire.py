@@ -10,6 +10,10 @@ from shared.protocol import (
     ExecutorHeartbeat,
     ExecutorReady,
     GenerateRequest,
+    KvRequestState,
+    KvState,
+    KvStateRequest,
+    PreemptionEvent,
     RequestDelta,
     SampledToken,
     ScheduledSeq,
@@ -72,6 +76,14 @@ EXAMPLES = [
     ),
     ExecutorHeartbeat(1234),
     Shutdown("bye"),
+    KvStateRequest(),
+    KvState(
+        1764420001.25, 16, [1, 2, 0], [0, 0, -1], [1], [1], [],
+        [KvRequestState("req-1", "running", 2, 20, 3, 2),
+         KvRequestState("req-2", "swapped", 1, 9, 4, 1)],
+        [PreemptionEvent(1764420000.75, "req-2", "swap")],
+        1,
+    ),  # fmt: skip
 ]
 
 
