@@ -78,9 +78,17 @@ EXAMPLES = [
     Shutdown("bye"),
     KvStateRequest(),
     KvState(
-        1764420001.25, 16, [1, 2, 0], [0, 0, -1], [1], [1], [],
-        [KvRequestState("req-1", "running", 2, 20, 3, 2),
-         KvRequestState("req-2", "swapped", 1, 9, 4, 1)],
+        1764420001.25,
+        16,
+        [1, 2, 0],
+        [0, 0, -1],
+        [1],
+        [1],
+        [],
+        [
+            KvRequestState("req-1", "running", 2, 20, 3, 2),
+            KvRequestState("req-2", "swapped", 1, 9, 4, 1),
+        ],
         [PreemptionEvent(1764420000.75, "req-2", "swap")],
         1,
     ),  # fmt: skip
