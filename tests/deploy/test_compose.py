@@ -65,7 +65,8 @@ def test_our_reading_of_the_file_is_what_compose_resolves():
     ours = load_services(env)
     assert set(resolved) == set(ours)
     for name, service in ours.items():
-        assert [str(a) for a in resolved[name]["command"]] == service["command"], name
+        command = resolved[name].get("command")
+        assert ([str(a) for a in command] if command else None) == service.get("command"), name
         assert environment_of(resolved[name]) == environment_of(service), name
 
 
