@@ -31,7 +31,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def small_pool_stack(tiny_model_dir):
     """A stack whose pool is small enough that 10 long requests fill it and swap each other."""
     port = _free_port()
@@ -121,6 +121,17 @@ async def test_the_dashboard_follows_the_pool_live(small_pool_stack):
     assert max(g["swapped"] for g in seen) > 0, "no swapped blocks were shown"
     assert int(done["preemptions"]) > 0
     assert ARTIFACT.read_bytes().startswith(b"\x89PNG")
+
+
+async def test_a_browser_with_basic_credentials_gets_the_page_and_its_data(small_pool_stack):
+    url, _ = small_pool_stack
+    async with Browser(BROWSER) as page:
+        # What a person does at the Basic prompt: the key as password, any user name.
+        await page.send(
+            "Page.navigate", url=url.replace("http://", f"http://me:{API_KEY}@") + "/dashboard"
+        )
+        grid = await _wait_for(page, lambda g: g["updates"] >= 2)  # fetches with the same key
+        assert grid["cells"] == NUM_BLOCKS
 
 
 async def _wait_for(page, condition, timeout: float = 30.0) -> dict:
