@@ -189,10 +189,11 @@ class KvState:
 
     time: float  # time.time() when taken
     block_size: int
-    device_ref_counts: list[int]  # [num_device_blocks] 0 = free, > 1 = shared
-    device_owners: list[int]  # [num_device_blocks] index into requests, -1 = free
-    cpu_ref_counts: list[int]  # [num_cpu_blocks] blocks of swapped requests
-    cpu_owners: list[int]  # [num_cpu_blocks] index into requests, -1 = free
+    # Per-block arrays are int32 little-endian bytes (shared/packed.py): one memcpy on the wire.
+    device_ref_counts: bytes  # [num_device_blocks] 0 = free, > 1 = shared
+    device_owners: bytes  # [num_device_blocks] index into requests, -1 = free
+    cpu_ref_counts: bytes  # [num_cpu_blocks] blocks of swapped requests
+    cpu_owners: bytes  # [num_cpu_blocks] index into requests, -1 = free
     cached_block_ids: list[int]  # free device blocks still holding a reusable prefix
     requests: list[KvRequestState]  # running, then swapped, then waiting; arrival order within
     preemptions: list[PreemptionEvent]  # the most recent ones, oldest first

@@ -6,6 +6,7 @@ import pytest
 
 from services.gateway.kv_state import kv_state_json
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
+from shared.packed import pack_ints, unpack_ints
 from shared.wire import decode, encode
 from tests.test_scheduler import add, contended, finish_step, make_scheduler, step
 
@@ -30,9 +31,11 @@ def test_running_requests_own_their_device_blocks():
         ("b", "running", 2),
         ("c", "waiting", 0),
     ]
-    assert state.device_ref_counts == [1, 1, 1, 1]
-    assert state.device_owners == [0, 1, 0, 1]  # tables {a: [0, 2], b: [1, 3]}
-    assert state.cpu_owners == [-1] * 4 and state.cpu_ref_counts == [0] * 4
+    assert unpack_ints(state.device_ref_counts) == [1, 1, 1, 1]
+    assert unpack_ints(state.device_owners) == [0, 1, 0, 1]  # tables {a: [0, 2], b: [1, 3]}
+    assert (
+        unpack_ints(state.cpu_owners) == [-1] * 4 and unpack_ints(state.cpu_ref_counts) == [0] * 4
+    )
     assert state.requests[0].num_output_tokens == 5 and state.requests[0].num_prompt_tokens == 4
     assert state.block_size == 4 and state.preemptions == [] and state.num_preemptions == 0
 
@@ -48,14 +51,19 @@ def test_a_preempted_request_is_logged_and_shown_where_its_blocks_went(mode):
     index, b = _by_id(state)["b"]
     if mode == "swap":
         assert b.status == "swapped" and b.num_blocks == 2
-        assert state.cpu_owners == [index, index, -1, -1]  # swapped out to cpu blocks 0 and 1
-        assert state.cpu_ref_counts == [1, 1, 0, 0]
+        assert unpack_ints(state.cpu_owners) == [
+            index,
+            index,
+            -1,
+            -1,
+        ]  # swapped out to cpu blocks 0 and 1
+        assert unpack_ints(state.cpu_ref_counts) == [1, 1, 0, 0]
     else:
         assert b.status == "waiting" and b.num_blocks == 0
-        assert state.cpu_owners == [-1] * 4
-    assert index not in state.device_owners
+        assert unpack_ints(state.cpu_owners) == [-1] * 4
+    assert index not in unpack_ints(state.device_owners)
     a_index, _ = _by_id(state)["a"]
-    assert state.device_owners.count(a_index) == 3
+    assert unpack_ints(state.device_owners).count(a_index) == 3
     _step_with_log(scheduler, log)  # a step without preemption adds nothing
     assert len(log.events) == 1
 
@@ -66,9 +74,9 @@ def test_parallel_samples_share_their_prompt_blocks():
     step(scheduler)  # the prompt step forks: 2 full prompt blocks shared by 3 samples
     state = kv_snapshot(scheduler, PreemptionLog())
     assert state.requests[0].num_seqs == 3
-    shared = [b for b, ref in enumerate(state.device_ref_counts) if ref == 3]
+    shared = [b for b, ref in enumerate(unpack_ints(state.device_ref_counts)) if ref == 3]
     assert len(shared) == 2
-    assert all(state.device_owners[b] == 0 for b in shared)
+    assert all(unpack_ints(state.device_owners)[b] == 0 for b in shared)
     summary = kv_state_json(state)["summary"]
     assert summary["device_shared"] == 2
     assert summary["device_used"] == state.requests[0].num_blocks - 2
@@ -90,3 +98,9 @@ def test_the_preemption_log_keeps_only_the_latest_events():
         scheduler = contended("recompute")
         _step_with_log(scheduler, log)
     assert len(log.events) == 2
+
+
+def test_packed_arrays_round_trip():
+    values = [0, 1, -1, 255, 65536, 2**31 - 1, -(2**31)]
+    assert unpack_ints(pack_ints(values)) == values
+    assert len(pack_ints(values)) == 4 * len(values)

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from services.gateway.http_errors import ServiceUnavailableError
+from shared.packed import unpack_ints
 from shared.protocol import KvState
 
 MIN_INTERVAL_S = 0.25  # however many dashboards poll, the scheduler builds at most 4 maps a second
@@ -44,19 +45,34 @@ class KvStateCache:
 
 
 def kv_state_json(state: KvState) -> dict[str, Any]:
-    """The wire record plus per-state block counts (what the grid's legend shows)."""
-    body = dataclasses.asdict(state)
-    refs = state.device_ref_counts
-    body["summary"] = {
-        "num_device_blocks": len(refs),
-        "num_cpu_blocks": len(state.cpu_ref_counts),
-        "device_free": sum(1 for r in refs if r == 0) - len(state.cached_block_ids),
-        "device_used": sum(1 for r in refs if r == 1),
-        "device_shared": sum(1 for r in refs if r > 1),
-        "device_cached": len(state.cached_block_ids),
-        "cpu_used": sum(1 for r in state.cpu_ref_counts if r > 0),
-        "num_running": sum(1 for r in state.requests if r.status == "running"),
-        "num_waiting": sum(1 for r in state.requests if r.status == "waiting"),
-        "num_swapped": sum(1 for r in state.requests if r.status == "swapped"),
+    """The record with its per-block arrays as lists, plus per-state block counts (the legend)."""
+    refs = unpack_ints(state.device_ref_counts)
+    cpu_refs = unpack_ints(state.cpu_ref_counts)
+    requests = [dataclasses.asdict(r) for r in state.requests]
+    statuses = [r.status for r in state.requests]
+    num_free = refs.count(0)
+    num_used = refs.count(1)
+    return {
+        "time": state.time,
+        "block_size": state.block_size,
+        "device_ref_counts": refs,
+        "device_owners": unpack_ints(state.device_owners),
+        "cpu_ref_counts": cpu_refs,
+        "cpu_owners": unpack_ints(state.cpu_owners),
+        "cached_block_ids": state.cached_block_ids,
+        "requests": requests,
+        "preemptions": [dataclasses.asdict(p) for p in state.preemptions],
+        "num_preemptions": state.num_preemptions,
+        "summary": {
+            "num_device_blocks": len(refs),
+            "num_cpu_blocks": len(cpu_refs),
+            "device_free": num_free - len(state.cached_block_ids),
+            "device_used": num_used,
+            "device_shared": len(refs) - num_free - num_used,
+            "device_cached": len(state.cached_block_ids),
+            "cpu_used": len(cpu_refs) - cpu_refs.count(0),
+            "num_running": statuses.count("running"),
+            "num_waiting": statuses.count("waiting"),
+            "num_swapped": statuses.count("swapped"),
+        },
     }
-    return body

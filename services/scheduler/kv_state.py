@@ -7,6 +7,7 @@ from collections import deque
 
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.sequence import SeqStatus, SequenceGroup
+from shared.packed import pack_ints
 from shared.protocol import KvRequestState, KvState, PreemptionEvent
 
 MAX_PREEMPTION_EVENTS = 32
@@ -66,10 +67,10 @@ def kv_snapshot(scheduler: Scheduler, preemptions: PreemptionLog) -> KvState:
     return KvState(
         time=time.time(),
         block_size=manager.block_size,
-        device_ref_counts=list(manager.device.ref_counts),
-        device_owners=device_owners,
-        cpu_ref_counts=list(manager.cpu.ref_counts),
-        cpu_owners=cpu_owners,
+        device_ref_counts=pack_ints(manager.device.ref_counts),
+        device_owners=pack_ints(device_owners),
+        cpu_ref_counts=pack_ints(manager.cpu.ref_counts),
+        cpu_owners=pack_ints(cpu_owners),
         # The block manager keeps no prefix cache yet: a freed block is simply free.
         cached_block_ids=[],
         requests=requests,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from shared.packed import pack_ints
 from shared.protocol import (
     AbortRequest,
     ExecutorHeartbeat,
@@ -80,10 +81,10 @@ EXAMPLES = [
     KvState(
         1764420001.25,
         16,
-        [1, 2, 0],
-        [0, 0, -1],
-        [1],
-        [1],
+        pack_ints([1, 2, 0]),
+        pack_ints([0, 0, -1]),
+        pack_ints([1]),
+        pack_ints([1]),
         [],
         [
             KvRequestState("req-1", "running", 2, 20, 3, 2),
