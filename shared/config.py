@@ -23,7 +23,7 @@ class ModelConfig:
     model: str | None = None  # local HF directory or .gguf file; None means the embedded model
     dtype: DTypeName = "float32"  # fp32 is the fast dtype on AVX2 CPUs
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    seed: int = 0  # seeds the sampler's shared generator for requests without their own seed
+    seed: int = 0  # seeds the seeds drawn for requests that bring none
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     device: str = "auto"  # auto: cuda when available, else cpu
     attention_backend: str = "auto"  # auto: triton on cuda, the torch reference elsewhere

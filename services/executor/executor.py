@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kernels.ops import select_ops
+from services.executor.grammar import GrammarCompiler
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
-from services.executor.sampler import SampleRow, sample, sequence_generator
+from services.executor.sampler import sample
+from services.executor.sampling_state import Draw, SamplingStates
 from services.executor.weights import load_hf_config, load_model
 from shared.config import EngineConfig
 from shared.protocol import ExecutorReady, StepPlan, StepResult
-from shared.sampling import SamplingParams
 
 DTYPES = {
     "float32": torch.float32,
@@ -27,13 +27,6 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float64": torch.float64,
 }
-
-
-@dataclass
-class _SeqState:
-    params: SamplingParams
-    generator: torch.Generator | None
-    block_table: list[int]
 
 
 class Executor:
@@ -51,8 +44,23 @@ class Executor:
         self.model = load_model(model_dir, dtype, self.max_model_len, self.ops, self.device)
         self.cache = KVCache(self.model.spec, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
-        self.shared_generator = torch.Generator().manual_seed(config.model.seed)
-        self.seqs: dict[int, _SeqState] = {}
+        self.model_dir = model_dir
+        self.block_tables: dict[int, list[int]] = {}
+        self.sampling = SamplingStates(
+            self.model.spec.vocab_size,
+            self.eos_token_ids,
+            self.device,
+            config.model.seed,
+            self._grammar_matcher,
+        )
+        self._grammars: GrammarCompiler | None = None
+
+    def _grammar_matcher(self, guided: tuple[str, str]):
+        if self._grammars is None:  # loads the tokenizer: only once a request needs it
+            self._grammars = GrammarCompiler(
+                self.model_dir, self.model.spec.vocab_size, self.eos_token_ids
+            )
+        return self._grammars.matcher(guided)
 
     def ready(self) -> ExecutorReady:
         return ExecutorReady(
@@ -75,52 +83,60 @@ class Executor:
     def _execute(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
         for seq_id in plan.freed_seq_ids:
-            self.seqs.pop(seq_id, None)
+            self.block_tables.pop(seq_id, None)
+            self.sampling.forget(seq_id)
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
         for seq in plan.seqs:
-            state = self.seqs.get(seq.seq_id)
-            if state is None:
+            if seq.seq_id not in self.sampling:
                 if seq.sampling is None:
                     raise ValueError(
                         f"plan schedules unknown sequence {seq.seq_id} without sampling"
                     )
-                state = _SeqState(seq.sampling, sequence_generator(seq.sampling, 0), [])
-                self.seqs[seq.seq_id] = state
-            if seq.replace_table:
-                state.block_table = list(seq.block_ids)
+                self.sampling.add(seq.seq_id, seq.sampling)
+            if seq.replace_table or seq.seq_id not in self.block_tables:
+                self.block_tables[seq.seq_id] = list(seq.block_ids)
             else:
-                state.block_table.extend(seq.block_ids)
+                self.block_tables[seq.seq_id].extend(seq.block_ids)
+            self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
         if not plan.seqs:
             return StepResult(plan.step_id, [], {"cache_ops": time.perf_counter() - t0})
 
         t1 = time.perf_counter()
         inputs = build_inputs(
             plan.seqs,
-            [self.seqs[s.seq_id].block_table for s in plan.seqs],
+            [self.block_tables[s.seq_id] for s in plan.seqs],
             self.cache.block_size,
             self.device,
             reference_views=self.ops.name == "torch",
         )
+        draws = []
+        sampling_seqs = [seq for seq in plan.seqs if seq.sample]
+        for row, seq in enumerate(sampling_seqs):
+            draws.append(Draw(row, seq.seq_id))
+            for index, child_id in enumerate(seq.fork_seq_ids, start=1):
+                self.sampling.fork(seq.seq_id, child_id, index)
+                draws.append(Draw(row, child_id))
+        batch = self.sampling.build(draws) if draws else None
         t2 = time.perf_counter()
         with torch.inference_mode():
             hidden = self.model(
                 inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
             )
-            # Sampling runs on the CPU with per-request CPU generators (seed reproducibility).
-            logits = self.model.compute_logits(hidden[inputs.logits_rows]).cpu()
-        t3 = time.perf_counter()
-        rows = []
-        sampling_seqs = [seq for seq in plan.seqs if seq.sample]
-        for row, seq in enumerate(sampling_seqs):
-            state = self.seqs[seq.seq_id]
-            rows.append(SampleRow(row, seq.seq_id, state.params, state.generator))
-            for index, child_id in enumerate(seq.fork_seq_ids, start=1):
-                child = _SeqState(state.params, sequence_generator(state.params, index), [])
-                self.seqs[child_id] = child
-                rows.append(SampleRow(row, child_id, child.params, child.generator))
-        tokens = sample(logits, rows, self.shared_generator) if rows else []
+            logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [rows, vocab]
+            t3 = time.perf_counter()
+            output = sample(logits, batch) if batch is not None else None
         t4 = time.perf_counter()
-        timings = {"cache_ops": t1 - t0, "prepare": t2 - t1, "forward": t3 - t2, "sample": t4 - t3}
+        # The step's one host synchronisation: sampled ids (and asked-for logprobs) only. On a
+        # GPU the phases before it only enqueue work, so their device time lands here.
+        tokens = self.sampling.results(draws, output) if output is not None else []
+        t5 = time.perf_counter()
+        timings = {
+            "cache_ops": t1 - t0,
+            "prepare": t2 - t1,
+            "forward": t3 - t2,
+            "sample": t4 - t3,
+            "sync_out": t5 - t4,
+        }
         return StepResult(plan.step_id, tokens, timings)
 
 

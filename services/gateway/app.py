@@ -14,8 +14,10 @@ from services.gateway.dashboard import add_dashboard_routes
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.http_errors import AuthenticationError, ServiceUnavailableError
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.openapi import openapi_spec
 from services.gateway.serving import INTERNAL_ERROR, handle_generate
 from services.gateway.state import GatewayState
+from services.gateway.tokenize import handle_detokenize, handle_tokenize
 from shared.errors import ModelNotFoundError, PagedServeError
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,10 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
+    for prefix in ("", "/v1"):  # vLLM serves these without the prefix; OpenAI clients add it
+        app.router.add_post(f"{prefix}/tokenize", _tokenize)
+        app.router.add_post(f"{prefix}/detokenize", _detokenize)
+    app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     add_dashboard_routes(app, STATE)  # /dashboard and /v1/kv_state: the live block map
@@ -61,6 +67,19 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     return await handle_generate(request, request.app[STATE], "chat")
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    return await handle_tokenize(request, request.app[STATE])
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    return await handle_detokenize(request, request.app[STATE])
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    info = request.app[STATE].backend.info
+    return web.json_response(openapi_spec(info.model_name if info is not None else None))
 
 
 def _model_card(state: GatewayState) -> dict[str, Any]:

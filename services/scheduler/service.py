@@ -46,17 +46,24 @@ EXECUTOR_TIMEOUT_S = 10.0  # no executor heartbeat for this long: it is gone
 def group_delta(update: GroupUpdate) -> RequestDelta:
     """The request's new tokens per sample, with each ended sample's finish reason."""
     group = update.group
+    want_logprobs = group.sampling.logprobs is not None
     by_index: dict[int, SeqDelta] = {}
-    for seq, token in update.new_tokens:
-        delta = by_index.setdefault(seq.index, SeqDelta(seq.index, []))
-        delta.token_ids.append(token.token_id)
-        if group.sampling.logprobs is not None:
-            delta.logprobs.append(token)
-    for seq in group.seqs:
-        if seq.is_finished:
-            by_index.setdefault(
-                seq.index, SeqDelta(seq.index, [])
-            ).finish_reason = seq.finish_reason
+    if group.sampling.num_samples > group.sampling.n:
+        # best_of: the chosen samples are known only at the end; they go out whole then.
+        for index, seq in group.reported_seqs():
+            logprobs = list(seq.logprobs) if want_logprobs else []
+            by_index[index] = SeqDelta(index, seq.output_token_ids, logprobs, seq.finish_reason)
+    else:
+        for seq, token in update.new_tokens:
+            delta = by_index.setdefault(seq.index, SeqDelta(seq.index, []))
+            delta.token_ids.append(token.token_id)
+            if want_logprobs:
+                delta.logprobs.append(token)
+        for seq in group.seqs:
+            if seq.is_finished:
+                by_index.setdefault(
+                    seq.index, SeqDelta(seq.index, [])
+                ).finish_reason = seq.finish_reason
     return RequestDelta(
         group.request_id,
         [by_index[i] for i in sorted(by_index)],
