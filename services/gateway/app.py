@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from services.gateway.auth import BROWSER_PATHS, authorized, browser_challenge
 from services.gateway.backend import Backend
+from services.gateway.dashboard import add_dashboard_routes
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.http_errors import AuthenticationError, ServiceUnavailableError
 from services.gateway.metrics import GatewayMetrics
@@ -55,6 +56,7 @@ def create_app(
     app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    add_dashboard_routes(app, STATE)  # /dashboard and /v1/kv_state: the live block map
     app.on_cleanup.append(_drain)
     return app
 
@@ -124,12 +126,10 @@ async def _drain(app: web.Application) -> None:
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = request.app[STATE].api_key
-    if key is not None and request.path not in _OPEN_PATHS:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), key.encode()
-        ):
-            raise AuthenticationError("missing or invalid API key", code="invalid_api_key")
+    if key is not None and request.path not in _OPEN_PATHS and not authorized(request, key):
+        if request.path in BROWSER_PATHS:
+            return browser_challenge()
+        raise AuthenticationError("missing or invalid API key", code="invalid_api_key")
     return await handler(request)
 
 

@@ -88,6 +88,7 @@ def openapi_spec(model_name: str | None) -> dict[str, Any]:
         "/v1/models": _get("The served model"),
         "/v1/models/{model}": _get("One model card"),
         "/health": _get("Readiness (503 until ready)"),
+        "/v1/kv_state": _get("The live KV block map: per-block references and owners, requests"),
     }
     paths["/tokenize"] = paths["/v1/tokenize"]
     paths["/detokenize"] = paths["/v1/detokenize"]

@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model), local_files_only=True)
     backend = ZmqBackend(addresses_from_args(args))
     app = create_app(
-        backend, tokenizer, api_key=args.api_key, max_queued_requests=args.max_queued_requests
+        backend,
+        tokenizer,
+        api_key=args.api_key or None,  # an empty key (compose's default) means no key
+        max_queued_requests=args.max_queued_requests,
     )
 
     async def start_backend(app: web.Application) -> None:

@@ -17,6 +17,7 @@ import zmq
 import zmq.asyncio
 
 from services.engine.args import add_engine_args, engine_config_from_args
+from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
@@ -27,6 +28,7 @@ from shared.protocol import (
     ExecutorHeartbeat,
     ExecutorReady,
     GenerateRequest,
+    KvStateRequest,
     RequestDelta,
     SchedulerReady,
     SchedulerStats,
@@ -95,6 +97,7 @@ class SchedulerService:
         self._awaited_step: int | None = None  # the step whose result _results may deliver
         self._crashed = False
         self._num_steps = 0
+        self._preemptions = PreemptionLog()  # for the block map (KvStateRequest)
 
     async def run(self) -> int:
         ctx = zmq.asyncio.Context()
@@ -174,6 +177,8 @@ class SchedulerService:
                 update = self.scheduler.abort(message.request_id)
                 if update is not None:
                     await self._send(TokenDeltas([group_delta(update)], self._stats()))
+            elif isinstance(message, KvStateRequest):
+                await self._send(kv_snapshot(self.scheduler, self._preemptions))
             elif isinstance(message, Shutdown):
                 self._stopping.set()
 
@@ -200,7 +205,9 @@ class SchedulerService:
                 await self._work.wait()
                 continue
             t0 = time.perf_counter()
+            running_before, num_preemptions = list(scheduler.running), scheduler.num_preemptions
             plan = scheduler.schedule()
+            self._preemptions.note(running_before, num_preemptions, scheduler)
             t1 = time.perf_counter()
             self._result = asyncio.get_running_loop().create_future()
             self._awaited_step = plan.step_id
