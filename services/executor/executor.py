@@ -21,9 +21,10 @@ from kernels.ops import select_ops
 from services.executor.grammar import GrammarCompiler
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
+from services.executor.llama import LlamaSpec
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates
-from services.executor.tensor_parallel import Shard, broadcast_bytes, init_group
+from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divisible, init_group
 from services.executor.weights import load_hf_config, load_model
 from shared import wire
 from shared.config import EngineConfig
@@ -44,18 +45,27 @@ class Executor:
     def __init__(self, config: EngineConfig, model_dir: Path, rank: int = 0) -> None:
         if config.model.num_threads:
             torch.set_num_threads(config.model.num_threads)
+        elif rank > 0 and config.model.device != "cuda":
+            # CPU ranks on one machine share its cores: each takes its share, not all of them.
+            size = config.parallel.tensor_parallel_size
+            torch.set_num_threads(max(1, torch.get_num_threads() // size))
         self.device = _device(config.model.device, rank)
-        self._workers: list[subprocess.Popen] = []
-        self.shard = Shard()
-        if config.parallel.tensor_parallel_size > 1:
-            self.shard = self._join_ranks(config, rank)
-        # Plans travel between ranks as tensors on the collective backend's device.
-        self._comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         self.ops = select_ops(config.model.attention_backend, self.device)
         block_size = config.cache.block_size
         if self.ops.name == "triton" and block_size & (block_size - 1):
             raise ValueError(f"the triton kernels need a power-of-two block size, got {block_size}")
         hf_config = load_hf_config(model_dir)
+        size = config.parallel.tensor_parallel_size
+        # Refused before any rank starts: a bad split must fail here, not hang a collective.
+        check_divisible(LlamaSpec.from_hf_config(hf_config), size)
+        if self.device.type == "cuda" and size > torch.cuda.device_count():
+            raise ValueError(
+                f"tensor-parallel size {size} exceeds the {torch.cuda.device_count()} CUDA devices"
+            )
+        self._workers: list[subprocess.Popen] = []
+        self.shard = self._join_ranks(config, rank) if size > 1 else Shard()
+        # Plans travel between ranks as tensors on the collective backend's device.
+        self._comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         self.max_model_len = _max_model_len(hf_config, config.model.max_model_len)
         dtype = DTYPES[config.model.dtype]
         self.model = load_model(

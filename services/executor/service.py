@@ -37,12 +37,16 @@ def serve(args: argparse.Namespace) -> int:
     try:
         while True:
             message = recv_sync(plans, timeout_ms=1000)
+            if not executor.ranks_alive():
+                log.error("a tensor-parallel rank has exited; the executor cannot go on")
+                return 1
             if message is None:
                 if _orphaned(args.parent_pid):
                     log.warning("parent process is gone; exiting")
                     return 1
                 continue
             if isinstance(message, Shutdown):
+                executor.close()
                 return 0
             if isinstance(message, StepPlan):
                 send_sync(results, executor.execute(message))
