@@ -39,7 +39,7 @@ def create_app(
     state = GatewayState(
         backend=backend,
         tokenizer=tokenizer,
-        metrics=GatewayMetrics(lambda: backend.stats),
+        metrics=GatewayMetrics(lambda: backend.stats, getattr(backend, "replica_table", None)),
         texts=TokenTexts(tokenizer),
         api_key=api_key,
         max_queued_requests=max_queued_requests,
@@ -111,7 +111,9 @@ async def _health(request: web.Request) -> web.Response:
     if not request.app[STATE].backend.ready:
         error = ServiceUnavailableError("the model server is not ready", code="not_ready")
         return web.json_response(error.to_dict(), status=error.http_status)
-    return web.json_response({"status": "ok"})
+    # Several replicas: still serving while one is down, and saying so.
+    degraded = getattr(request.app[STATE].backend, "degraded", False)
+    return web.json_response({"status": "degraded" if degraded else "ok"})
 
 
 async def _metrics(request: web.Request) -> web.Response:
