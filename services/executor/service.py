@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import sys
 import threading
 
 import zmq
@@ -34,6 +36,8 @@ def serve(args: argparse.Namespace) -> int:
     beat.start()
     send_sync(results, executor.ready())
     log.info("executor ready: %s", executor.ready())
+    # SIGTERM (the launcher's stop) unwinds through `finally`, which stops the other TP ranks.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         while True:
             message = recv_sync(plans, timeout_ms=1000)
@@ -52,6 +56,7 @@ def serve(args: argparse.Namespace) -> int:
                 send_sync(results, executor.execute(message))
     finally:
         stop.set()
+        executor.close()
         ctx.destroy(linger=0)
 
 
