@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from kernels.ops import select_ops
+from services.executor.block_tables import DeviceBlockTables
 from services.executor.grammar import GrammarCompiler
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
@@ -77,7 +78,7 @@ class Executor:
         self.cache = KVCache(cache_spec, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
         self.model_dir = model_dir
-        self.block_tables: dict[int, list[int]] = {}
+        self.block_tables = DeviceBlockTables(-(-self.max_model_len // block_size), self.device)
         self.sampling = SamplingStates(
             self.model.spec.vocab_size,
             self.eos_token_ids,
@@ -168,7 +169,7 @@ class Executor:
         t0 = time.perf_counter()
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
         for seq_id in plan.freed_seq_ids:
-            self.block_tables.pop(seq_id, None)
+            self.block_tables.forget(seq_id)
             if driver:
                 self.sampling.forget(seq_id)
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
@@ -180,10 +181,7 @@ class Executor:
                     )
                 if driver:
                     self.sampling.add(seq.seq_id, seq.sampling)
-            if seq.replace_table or seq.seq_id not in self.block_tables:
-                self.block_tables[seq.seq_id] = list(seq.block_ids)
-            else:
-                self.block_tables[seq.seq_id].extend(seq.block_ids)
+            self.block_tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
             if driver:
                 self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
         if not plan.seqs:
@@ -192,9 +190,8 @@ class Executor:
         t1 = time.perf_counter()
         inputs = build_inputs(
             plan.seqs,
-            [self.block_tables[s.seq_id] for s in plan.seqs],
+            self.block_tables.rows([s.seq_id for s in plan.seqs]),
             self.cache.block_size,
-            self.device,
             reference_views=self.ops.name == "torch",
         )
         draws = []
@@ -202,7 +199,7 @@ class Executor:
         for row, seq in enumerate(sampling_seqs):
             for index, child_id in enumerate(seq.fork_seq_ids, start=1):
                 # Known from now on; its first plan entry carries its whole table.
-                self.block_tables[child_id] = []
+                self.block_tables.register(child_id)
                 if driver:
                     self.sampling.fork(seq.seq_id, child_id, index)
             if driver:
