@@ -11,7 +11,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from services.executor.grammar import GrammarCompiler
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
 from services.executor.llama import LlamaSpec
+from services.executor.phase_timer import PhaseTimer
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates
 from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divisible, init_group
@@ -166,7 +166,7 @@ class Executor:
             return StepResult(plan.step_id, [], error=f"{type(exc).__name__}: {exc}")
 
     def _execute(self, plan: StepPlan) -> StepResult:
-        t0 = time.perf_counter()
+        timer = PhaseTimer(self.device)
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
         for seq_id in plan.freed_seq_ids:
             self.block_tables.forget(seq_id)
@@ -185,9 +185,10 @@ class Executor:
             if driver:
                 self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
         if not plan.seqs:
-            return StepResult(plan.step_id, [], {"cache_ops": time.perf_counter() - t0})
+            timer.mark("cache_ops")
+            return StepResult(plan.step_id, [], timer.seconds())
 
-        t1 = time.perf_counter()
+        timer.mark("cache_ops")
         inputs = build_inputs(
             plan.seqs,
             self.block_tables.rows([s.seq_id for s in plan.seqs]),
@@ -206,7 +207,7 @@ class Executor:
                 draws.append(Draw(row, seq.seq_id))
                 draws.extend(Draw(row, child_id) for child_id in seq.fork_seq_ids)
         batch = self.sampling.build(draws) if draws else None
-        t2 = time.perf_counter()
+        timer.mark("prepare")
         with torch.inference_mode():
             hidden = self.model(
                 inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
@@ -214,20 +215,13 @@ class Executor:
             logits = None
             if sampling_seqs:  # every rank: the LM head is split by vocabulary
                 logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [rows, vocab]
-            t3 = time.perf_counter()
+            timer.mark("forward")
             output = sample(logits, batch) if batch is not None else None
-        t4 = time.perf_counter()
-        # The step's one host synchronisation: sampled ids (and asked-for logprobs) only. On a
-        # GPU the phases before it only enqueue work, so their device time lands here.
+        timer.mark("sample")
+        # The step's one host synchronisation: sampled ids (and asked-for logprobs) only.
         tokens = self.sampling.results(draws, output) if output is not None else []
-        t5 = time.perf_counter()
-        timings = {
-            "cache_ops": t1 - t0,
-            "prepare": t2 - t1,
-            "forward": t3 - t2,
-            "sample": t4 - t3,
-            "sync_out": t5 - t4,
-        }
+        timer.mark("sync_out")
+        timings = timer.seconds()
         return StepResult(plan.step_id, tokens, timings)
 
 
