@@ -65,7 +65,10 @@ class SamplerOutput:
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """logits: [R, vocab] fp32 (one row per sampling sequence) -> one token per draw row."""
+    """logits: [R, vocab] fp32 (one row per sampling sequence) -> one token per draw row.
+
+    The logits are consumed: bias, masks and penalties may be applied to them in place.
+    """
     vocab = logits.shape[-1]
     # [B, vocab]: the logits rows themselves when no row is read twice (no fork this step).
     raw = logits if batch.rows_identity else logits.index_select(0, batch.logits_rows)
