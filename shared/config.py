@@ -70,6 +70,9 @@ class SchedulerConfig:
     # Fraction of device blocks kept free at admission so that admitted groups can grow a little
     # before someone has to be preempted (avoids admit-then-preempt thrash).
     watermark: float = 0.01
+    # KV allocation: "paged" blocks on demand, or an Orca baseline that reserves a contiguous
+    # region per request ("orca-max", "orca-pow2", "orca-oracle"); see services/scheduler.
+    kv_policy: str = "paged"
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
@@ -80,6 +83,11 @@ class SchedulerConfig:
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.kv_policy not in ("paged", "orca-max", "orca-pow2", "orca-oracle"):
+            raise ValueError(
+                "kv_policy must be paged, orca-max, orca-pow2 or orca-oracle, "
+                f"got {self.kv_policy!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="compute each prompt in one step instead of budget-sized chunks",
     )
     sched.add_argument("--preemption-mode", default="recompute", choices=["swap", "recompute"])
+    sched.add_argument(
+        "--kv-policy",
+        default="paged",
+        choices=["paged", "orca-max", "orca-pow2", "orca-oracle"],
+        help="KV allocation: paged blocks, or an Orca baseline's contiguous reservation",
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -73,6 +79,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.chunked_prefill,
             preemption_mode=args.preemption_mode,
+            kv_policy=args.kv_policy,
         ),
     )
 
@@ -88,6 +95,7 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--max-num-seqs", str(args.max_num_seqs),
         "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--preemption-mode", args.preemption_mode,
+        "--kv-policy", args.kv_policy,
         "--device", args.device,
         "--attention-backend", args.attention_backend,
     ]  # fmt: skip
