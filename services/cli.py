@@ -26,7 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     add_gateway_args(serve)
     serve.add_argument("--plan-log", default=None, help="scheduler: append one JSON line per step")
 
+    from services.bench.commands import add_bench_parser
+
+    add_bench_parser(commands)
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from services.bench.commands import run_bench
+
+        try:
+            return run_bench(args)
+        except (PagedServeError, ValueError) as exc:
+            print(f"pagedserve: error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "serve":
         from services.launcher import serve as run_serve
 

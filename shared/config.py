@@ -91,7 +91,25 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SimConfig:
+    """The simulated executor: no model runs; a cost model of this GPU and model times each step."""
+
+    gpu: str = "a100-40gb"
+    model: str = "opt-13b"
+    kv_cache_bytes: int | None = None  # None: the pool as on that GPU
+    step_overhead_s: float | None = None  # None: the GPU entry's default
+    realtime: bool = False  # sleep for the modeled time (serving) instead of only counting it
+
+    def __post_init__(self) -> None:
+        _positive("kv_cache_bytes", self.kv_cache_bytes, allow_none=True)
+        if self.step_overhead_s is not None and self.step_overhead_s < 0:
+            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    executor: Literal["model", "sim"] = "model"  # sim: services/executor/sim.py
+    sim: SimConfig = field(default_factory=SimConfig)

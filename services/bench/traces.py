@@ -163,6 +163,24 @@ def load_sharegpt(
     return [TraceRequest(float(t), tuple(p), o) for t, (p, o) in zip(arrivals, kept)]
 
 
+def scale_trace(trace: list[TraceRequest], factor: float) -> list[TraceRequest]:
+    """The same trace with every length times `factor` (at least MIN_LEN): paper-shaped
+    workloads small enough for a CPU. Bounds scale with it."""
+    if factor == 1.0:
+        return trace
+    out = []
+    for r in trace:
+        prompt_len = max(MIN_LEN, round(r.prompt_len * factor))
+        out.append(
+            TraceRequest(
+                r.arrival_s,
+                r.prompt_token_ids[:prompt_len],
+                max(MIN_LEN, round(r.output_len * factor)),
+            )
+        )
+    return out
+
+
 def trace_stats(trace: list[TraceRequest]) -> dict[str, float]:
     prompt = np.array([r.prompt_len for r in trace])
     output = np.array([r.output_len for r in trace])

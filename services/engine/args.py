@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+from shared.config import (
+    CacheConfig,
+    EngineConfig,
+    GiB,
+    ModelConfig,
+    SchedulerConfig,
+    SimConfig,
+)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +63,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="KV allocation: paged blocks, or an Orca baseline's contiguous reservation",
     )
 
+    sim = parser.add_argument_group("simulated executor")
+    sim.add_argument(
+        "--executor",
+        default="model",
+        choices=["model", "sim"],
+        help="sim: run no model; time each step by a cost model of --sim-gpu and --sim-model",
+    )
+    sim.add_argument("--sim-gpu", default="a100-40gb", help="a100-40gb, a100-80gb, h100-80gb, ...")
+    sim.add_argument("--sim-model", default="opt-13b", help="opt-13b, opt-66b, llama-7b, ...")
+    sim.add_argument(
+        "--sim-kv-gb", type=float, default=None, help="KV pool (GiB); default: as on that GPU"
+    )
+    sim.add_argument(
+        "--sim-overhead-ms", type=float, default=None, help="per-step overhead; default: the GPU's"
+    )
+
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
@@ -81,6 +104,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             preemption_mode=args.preemption_mode,
             kv_policy=args.kv_policy,
         ),
+        executor=args.executor,
+        sim=SimConfig(
+            gpu=args.sim_gpu,
+            model=args.sim_model,
+            kv_cache_bytes=int(args.sim_kv_gb * GiB) if args.sim_kv_gb else None,
+            step_overhead_s=None if args.sim_overhead_ms is None else args.sim_overhead_ms / 1e3,
+        ),
     )
 
 
@@ -98,12 +128,17 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--kv-policy", args.kv_policy,
         "--device", args.device,
         "--attention-backend", args.attention_backend,
+        "--executor", args.executor,
+        "--sim-gpu", args.sim_gpu,
+        "--sim-model", args.sim_model,
     ]  # fmt: skip
     optional = {
         "--model": model,
         "--max-model-len": args.max_model_len,
         "--num-threads": args.num_threads,
         "--num-device-blocks": args.num_device_blocks,
+        "--sim-kv-gb": args.sim_kv_gb,
+        "--sim-overhead-ms": args.sim_overhead_ms,
     }
     for flag, value in optional.items():
         if value is not None:
