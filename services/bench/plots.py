@@ -26,7 +26,7 @@ def _pyplot():
 def plot_memory(policies: dict[str, dict[str, float]], path: str, title: str) -> None:
     """Stacked bars, one per policy, of the KV pool's fractions by kind."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(8, 4))
     names = list(policies)
     bottoms = [0.0] * len(names)
     for kind in KINDS:
@@ -39,7 +39,7 @@ def plot_memory(policies: dict[str, dict[str, float]], path: str, title: str) ->
     ax.set_ylabel("% of KV cache slots")
     ax.set_ylim(0, 100)
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
