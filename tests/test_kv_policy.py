@@ -38,7 +38,12 @@ def add(scheduler: Scheduler, request_id: str, length: int, max_tokens: int) -> 
 def step(scheduler: Scheduler):
     plan = scheduler.schedule()
     scheduler.block_manager.check()
-    tokens = [SampledToken(s.seq_id, TOKEN) for s in plan.seqs if s.sample]
+    tokens = [
+        SampledToken(seq_id, TOKEN)
+        for s in plan.seqs
+        if s.sample
+        for seq_id in (s.seq_id, *s.fork_seq_ids)
+    ]
     scheduler.update(StepResult(plan.step_id, tokens))
     scheduler.block_manager.check()
     return plan
@@ -154,3 +159,17 @@ def test_accountant_weights_fractions_by_time():
     assert averages["reserved"] == pytest.approx(0.25 * 3 / 4)
     assert averages["free"] == pytest.approx((0.25 + 0.5 * 3) / 4)
     assert sum(averages.values()) == pytest.approx(1.0)
+
+
+def test_accounting_counts_shared_blocks_once():
+    scheduler = make_scheduler("paged")
+    scheduler.add_request(
+        "p", list(range(10, 16)), SamplingParams(n=2, max_tokens=4, ignore_eos=True)
+    )
+    step(scheduler)
+    # Both samples hold blocks 0-1 (6 tokens cached, final length 10 each).
+    assert kv_breakdown(scheduler) == KVBreakdown(6, 2, 0, 0, 56)
+    step(scheduler)
+    # Position 6 written by both: one sample copied block 1; block 0 stays shared.
+    assert scheduler.block_manager.device.num_used == 3
+    assert kv_breakdown(scheduler) == KVBreakdown(4 + 3 + 3, 1 + 1, 0, 0, 52)

@@ -40,25 +40,40 @@ def kv_breakdown(scheduler) -> KVBreakdown:
     """Classify every device slot of `scheduler` (a Scheduler) as it stands between steps."""
     manager = scheduler.block_manager
     block_size = manager.block_size
-    filled: dict[int, int] = {}  # block id -> slots holding K/V (shared blocks counted once)
-    future: dict[int, int] = {}  # block id -> slots some owner will have filled by its end
+    ref_counts = manager.device.ref_counts
+    num_blocks = token_states = future_slots = 0
+    # Blocks shared between sequences (forked samples) are classified one by one, by the owner
+    # that has filled (or will fill) the most of them; unshared ones in closed form.
+    filled: dict[int, int] = {}  # shared block id -> slots holding K/V
+    future: dict[int, int] = {}  # shared block id -> slots filled by the owners' final lengths
     for group in scheduler.running:
         for seq in group.live_seqs():
+            blocks = manager.held_blocks(seq.seq_id)
+            if not blocks:
+                continue
             stored = seq.num_computed_tokens
             final = max(final_len(seq.prompt_len, group.sampling, scheduler.max_seq_len), stored)
-            for index, block_id in enumerate(manager.held_blocks(seq.seq_id)):
+            if max(map(ref_counts.__getitem__, blocks)) == 1:
+                capacity = len(blocks) * block_size
+                num_blocks += len(blocks)
+                token_states += min(stored, capacity)
+                future_slots += min(final, capacity)
+                continue
+            for index, block_id in enumerate(blocks):
                 base = index * block_size
                 f = min(max(stored - base, 0), block_size)
                 u = min(max(final - base, 0), block_size)
                 filled[block_id] = max(filled.get(block_id, 0), f)
                 future[block_id] = max(future.get(block_id, 0), u)
-    if len(filled) != manager.device.num_used:
+    num_blocks += len(filled)
+    token_states += sum(filled.values())
+    future_slots += sum(future.values())
+    if num_blocks != manager.device.num_used:
         raise AssertionError(
-            f"{manager.device.num_used} device blocks in use, running sequences hold {len(filled)}"
+            f"{manager.device.num_used} device blocks in use, running sequences hold {num_blocks}"
         )
-    token_states = sum(filled.values())
-    reserved = sum(future.values()) - token_states
-    internal = len(filled) * block_size - token_states - reserved
+    reserved = future_slots - token_states
+    internal = num_blocks * block_size - future_slots
     unusable = 0
     if scheduler.waiting:
         need = manager.admission_blocks(scheduler.waiting[0])
