@@ -91,7 +91,7 @@ def main() -> int:
     )
     engine = LLMEngine(config)
     runs = {}
-    for name, seed, num_requests, scale in (("fit", 0, 16, 0.125), ("check", 1, 24, 0.1)):
+    for name, seed, num_requests, scale in (("fit", 0, 12, 0.1), ("check", 1, 16, 0.08)):
         plans, measured = measured_run(engine, seed, num_requests, scale)
         roofline = np.array([step_cost(p, gpu, model, 16, 0.0).seconds for p in plans])
         runs[name] = (plans, measured, roofline)

@@ -9,7 +9,7 @@ CPU="--num-threads 2 --block-size 4 --num-device-blocks 96 --max-model-len 128 -
 
 $PS bench memory $CPU --trace sharegpt --num-requests 16 --no-progress \
     --json $OUT/memory_cpu_sharegpt.json --plot $OUT/memory_cpu_sharegpt.png
-$PS bench serve $CPU --launch --trace sharegpt --num-requests 16 --no-progress \
+$PS bench serve $CPU --launch --trace sharegpt --num-requests 12 --no-progress \
     --kv-policy paged --kv-policy orca-oracle --kv-policy orca-max \
-    --rates 0.05,0.1,0.2,0.4 --latency-bound 1.0,0.5,2.0 --stop-factor 3 \
+    --rates 0.15,0.3,0.6 --latency-bound 1.0,0.5,2.0 --stop-factor 3 \
     --json $OUT/serve_cpu_sharegpt.json --plot $OUT/serve_cpu_sharegpt.png

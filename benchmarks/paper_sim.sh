@@ -14,5 +14,5 @@ $PS bench serve $SIM --trace sharegpt --num-requests 1000 --no-progress \
     --rates 0.25,0.5,0.75,1,1.25,1.5,2,2.5,3,3.5,4,4.5,5,6 --latency-bound 0.1,0.05,0.2 \
     --json $OUT/serve_sim_sharegpt.json --plot $OUT/serve_sim_sharegpt.png
 $PS bench serve $SIM --trace alpaca --num-requests 2000 --no-progress \
-    --rates 1,2,3,4,6,8,12,16,24,32,48,64,96,128,160 --latency-bound 0.1,0.05,0.2 \
+    --rates 1,2,3,4,6,8,12,16,24,32,48,64,96,128,160,192,256,320 --latency-bound 0.1,0.05,0.2 \
     --json $OUT/serve_sim_alpaca.json --plot $OUT/serve_sim_alpaca.png
