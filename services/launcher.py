@@ -34,27 +34,28 @@ class Stack:
     def start(self) -> None:
         args = self.args
         model_dir = str(resolve_model(args.model))  # convert once, before children race to it
-        addresses = Addresses.ipc(self.ipc_dir)
-        wires = [
-            "--requests-addr", addresses.requests,
-            "--deltas-addr", addresses.deltas,
-            "--plans-addr", addresses.plans,
-            "--results-addr", addresses.results,
-            "--parent-pid", str(os.getpid()),
-        ]  # fmt: skip
         engine = engine_argv(args, model_dir)
+        name = ["--model-name", model_name(args.model)]
+        if args.plan_log:
+            name += ["--plan-log", args.plan_log]
+        replicas = [
+            Addresses.ipc(os.path.join(self.ipc_dir, f"replica-{i}"))
+            for i in range(getattr(args, "replicas", 1))
+        ]
+        for i, addresses in enumerate(replicas):
+            wires = _wires(addresses)
+            suffix = f"-{i}" if i else ""
+            # The scheduler binds every pipe, so it goes first; the others connect to it.
+            self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *engine, *name, *wires])
+            self._spawn(f"executor{suffix}", ["-m", "services.executor", *engine, *wires])
         gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
         if args.api_key:
             gateway += ["--api-key", args.api_key]
         if args.max_queued_requests is not None:
             gateway += ["--max-queued-requests", str(args.max_queued_requests)]
-        name = ["--model-name", model_name(args.model)]
-        if args.plan_log:
-            name += ["--plan-log", args.plan_log]
-        # The scheduler binds every pipe, so it goes first; the others connect to it.
-        self._spawn("scheduler", ["-m", "services.scheduler", *engine, *name, *wires])
-        self._spawn("executor", ["-m", "services.executor", *engine, *wires])
-        self._spawn("gateway", ["-m", "services.gateway", *gateway, *wires])
+        for addresses in replicas[1:]:
+            gateway += ["--replica-addrs", f"{addresses.requests},{addresses.deltas}"]
+        self._spawn("gateway", ["-m", "services.gateway", *gateway, *_wires(replicas[0])])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
@@ -78,7 +79,8 @@ class Stack:
                 return f"the {gone[0]} process exited with code {gone[1]} during start-up"
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
+                    # "degraded": some replica is not up yet; start-up waits for all of them.
+                    if response.status == 200 and json.load(response).get("status") == "ok":
                         return None
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
@@ -86,10 +88,11 @@ class Stack:
         return f"not ready after {timeout:.0f} s"
 
     def stop(self) -> None:
-        # Gateway first (it ends open streams), then the scheduler, then the executor.
-        for name in ("gateway", "scheduler", "executor"):
-            proc = self.procs.get(name)
-            if proc is not None and proc.poll() is None:
+        # Gateway first (it ends open streams), then the schedulers, then the executors.
+        order = {"gateway": 0, "scheduler": 1, "executor": 2}
+        for name in sorted(self.procs, key=lambda n: order[n.split("-")[0]]):
+            proc = self.procs[name]
+            if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(STOP_TIMEOUT_S)
@@ -97,6 +100,16 @@ class Stack:
                     proc.kill()
                     proc.wait()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def _wires(addresses: Addresses) -> list[str]:
+    return [
+        "--requests-addr", addresses.requests,
+        "--deltas-addr", addresses.deltas,
+        "--plans-addr", addresses.plans,
+        "--results-addr", addresses.results,
+        "--parent-pid", str(os.getpid()),
+    ]  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:

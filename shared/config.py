@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,7 +24,7 @@ class ModelConfig:
     model: str | None = None  # local HF directory or .gguf file; None means the embedded model
     dtype: DTypeName = "float32"  # fp32 is the fast dtype on AVX2 CPUs
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    seed: int = 0  # seeds the sampler's shared generator for requests without their own seed
+    seed: int = 0  # seeds the seeds drawn for requests that bring none
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     device: str = "auto"  # auto: cuda when available, else cpu
     attention_backend: str = "auto"  # auto: triton on cuda, the torch reference elsewhere
@@ -107,9 +108,39 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism: the executor as tensor_parallel_size ranks joined by torch.distributed."""
+
+    tensor_parallel_size: int = 1
+    master_addr: str = "127.0.0.1"  # where rank 0 listens for the other ranks
+    master_port: int | None = None  # None: a free port, chosen by rank 0 (local ranks only)
+    external_workers: bool = False  # ranks 1.. are started by hand (e.g. on other machines)
+
+    def __post_init__(self) -> None:
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        if self.external_workers and self.master_port is None:
+            raise ValueError("ranks started by hand need a fixed master_port to find rank 0")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     executor: Literal["model", "sim"] = "model"  # sim: services/executor/sim.py
     sim: SimConfig = field(default_factory=SimConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> EngineConfig:
+        return cls(
+            model=ModelConfig(**values["model"]),
+            cache=CacheConfig(**values["cache"]),
+            scheduler=SchedulerConfig(**values["scheduler"]),
+            parallel=ParallelConfig(**values["parallel"]),
+            executor=values.get("executor", "model"),
+            sim=SimConfig(**values.get("sim", {})),
+        )

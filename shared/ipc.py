@@ -17,8 +17,8 @@ from shared.wire import decode, encode
 class Addresses:
     """The four one-way pipes; the scheduler binds all of them, the others connect."""
 
-    requests: str  # gateway -> scheduler: GenerateRequest, AbortRequest
-    deltas: str  # scheduler -> gateway: SchedulerReady, TokenDeltas
+    requests: str  # gateway -> scheduler: GenerateRequest, AbortRequest, KvStateRequest
+    deltas: str  # scheduler -> gateway: SchedulerReady, TokenDeltas, KvState
     plans: str  # scheduler -> executor: StepPlan, Shutdown
     results: str  # executor -> scheduler: ExecutorReady, StepResult
 

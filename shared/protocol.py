@@ -159,3 +159,48 @@ class Shutdown:
     """Asks a process to exit cleanly."""
 
     reason: str = ""
+
+
+# ---- KV state (the live block map of GET /v1/kv_state and /dashboard) -------------------------
+
+
+@dataclass
+class KvStateRequest:
+    """Gateway -> scheduler: send a KvState now. Sent only while someone polls the block map, so
+    the per-step path never builds one."""
+
+
+@dataclass
+class KvRequestState:
+    """One request as the block map shows it."""
+
+    request_id: str
+    status: str  # "running" | "waiting" | "swapped"
+    num_seqs: int  # live sequences (parallel samples)
+    num_prompt_tokens: int
+    num_output_tokens: int  # of its longest sample
+    num_blocks: int  # distinct blocks held: device blocks, or CPU blocks when swapped
+
+
+@dataclass
+class PreemptionEvent:
+    time: float  # time.time() of the step that preempted
+    request_id: str
+    mode: str  # "swap" | "recompute"
+
+
+@dataclass
+class KvState:
+    """The block pools at one instant: who holds each block and how many references it has."""
+
+    time: float  # time.time() when taken
+    block_size: int
+    # Per-block arrays are int32 little-endian bytes (shared/packed.py): one memcpy on the wire.
+    device_ref_counts: bytes  # [num_device_blocks] 0 = free, > 1 = shared
+    device_owners: bytes  # [num_device_blocks] index into requests, -1 = free
+    cpu_ref_counts: bytes  # [num_cpu_blocks] blocks of swapped requests
+    cpu_owners: bytes  # [num_cpu_blocks] index into requests, -1 = free
+    cached_block_ids: list[int]  # free device blocks still holding a reusable prefix
+    requests: list[KvRequestState]  # running, then swapped, then waiting; arrival order within
+    preemptions: list[PreemptionEvent]  # the most recent ones, oldest first
+    num_preemptions: int  # since start

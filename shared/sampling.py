@@ -14,6 +14,16 @@ MAX_LOGPROBS = 20
 INT32_MAX = 2**31 - 1  # bounds integer fields so every value fits the wire and torch tensors
 # Below this temperature sampling is greedy: dividing by it would overflow fp32 logits.
 MIN_TEMPERATURE = 1e-5
+MAX_SAMPLES = 64  # n and best_of: sequences of one request, all sharing the prompt's blocks
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on each logit_bias value
+# Structured-output kinds and what their spec string holds.
+GUIDED_KINDS = {
+    "json_object": "ignored: any JSON object",
+    "json_schema": "a JSON schema, serialised as JSON",
+    "regex": "a regular expression the whole output must match",
+    "choice": "a JSON list of the strings the output must be one of",
+    "grammar": "an EBNF grammar (GBNF style, root rule `root`)",
+}
 
 
 @dataclass(frozen=True)
@@ -27,9 +37,17 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # end a sequence when it samples one of these
     ignore_eos: bool = False  # keep generating past the model's end-of-sequence token
     logprobs: int | None = None  # None: none; k >= 0: sampled token's logprob plus top k
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability
+    min_tokens: int = 0  # eos and stop_token_ids are masked until this many tokens exist
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from every generated token's logit
+    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # transformers: divides (>0) or multiplies seen tokens' logits
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100]) pairs
+    best_of: int | None = None  # sample this many, return the n of highest cumulative logprob
+    guided: tuple[str, str] | None = None  # (kind in GUIDED_KINDS, spec): structured output
 
     def __post_init__(self) -> None:
-        _require_int("n", self.n, 1, 64)
+        _require_int("n", self.n, 1, MAX_SAMPLES)
         _require_int("max_tokens", self.max_tokens, 1, INT32_MAX)
         _require_number("temperature", self.temperature, 0.0, 100.0)
         _require_number("top_p", self.top_p, 0.0, 1.0)
@@ -47,10 +65,52 @@ class SamplingParams:
             raise InvalidRequestError("ignore_eos must be a boolean", param="ignore_eos")
         if self.logprobs is not None:
             _require_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        _require_number("min_p", self.min_p, 0.0, 1.0)
+        _require_int("min_tokens", self.min_tokens, 0, INT32_MAX)
+        if self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+                param="min_tokens",
+            )
+        _require_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _require_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _require_number("repetition_penalty", self.repetition_penalty, 0.0, 10.0)
+        if self.repetition_penalty == 0.0:
+            raise InvalidRequestError("repetition_penalty must be > 0", param="repetition_penalty")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        if self.best_of is not None:
+            _require_int("best_of", self.best_of, self.n, MAX_SAMPLES)
+        if self.guided is not None:
+            _check_guided(self.guided)
+            object.__setattr__(self, "guided", tuple(self.guided))
+            if self.ignore_eos:
+                raise InvalidRequestError(
+                    "ignore_eos cannot be combined with structured output: the grammar ends "
+                    "the output with the end-of-sequence token",
+                    param="ignore_eos",
+                )
 
     @property
     def greedy(self) -> bool:
         return self.temperature < MIN_TEMPERATURE
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences the request runs: best_of candidates, of which n are returned."""
+        return self.best_of or self.n
+
+    @property
+    def wants_logprob(self) -> bool:
+        """Whether the sampled tokens' logprobs are needed (asked for, or to rank best_of)."""
+        return self.logprobs is not None or self.num_samples > self.n
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
     @classmethod
     def from_dict(
@@ -72,7 +132,48 @@ class SamplingParams:
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["stop_token_ids"] = list(self.stop_token_ids)
+        values["logit_bias"] = [list(pair) for pair in self.logit_bias]
+        values["guided"] = list(self.guided) if self.guided is not None else None
         return values
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """Normalise {token_id: bias} (JSON keys are strings) or [(id, bias)] into sorted pairs."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, tuple | list):
+        items = list(value)
+    else:
+        raise InvalidRequestError("logit_bias must map token ids to numbers", param="logit_bias")
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise InvalidRequestError("logit_bias must map token ids to numbers", "logit_bias")
+        key, bias = item
+        if isinstance(key, str):
+            try:
+                key = int(key)
+            except ValueError:
+                raise InvalidRequestError(
+                    f"logit_bias key {key!r} is not a token id", param="logit_bias"
+                ) from None
+        _require_int("logit_bias", key, 0, INT32_MAX)
+        _require_number("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+        pairs[key] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
+def _check_guided(guided: Any) -> None:
+    if not isinstance(guided, tuple | list) or len(guided) != 2:
+        raise InvalidRequestError("guided must be a (kind, spec) pair", param="guided")
+    kind, spec = guided
+    if kind not in GUIDED_KINDS:
+        raise InvalidRequestError(
+            f"unknown structured-output kind {kind!r}; one of {sorted(GUIDED_KINDS)}",
+            param="guided",
+        )
+    if not isinstance(spec, str):
+        raise InvalidRequestError("the structured-output spec must be a string", param="guided")
 
 
 def _require_int(name: str, value: Any, low: int | None, high: int | None) -> None:

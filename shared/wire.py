@@ -26,6 +26,8 @@ MESSAGE_TYPES: dict[str, type] = {
         protocol.TokenDeltas,
         protocol.ExecutorHeartbeat,
         protocol.Shutdown,
+        protocol.KvStateRequest,
+        protocol.KvState,
     )
 }
 

@@ -137,3 +137,25 @@ def test_cli_text_and_chat_prompts_use_the_tokenizer(tiny_model_dir, tmp_path):
     for row in rows:
         assert len(row["token_ids"]) == 5
         assert row["text"] == tokenizer.decode(row["token_ids"], skip_special_tokens=True)
+
+
+def test_cli_lines_carry_the_api_sampling_fields(tiny_model_dir, tmp_path):
+    lines = [
+        {"prompt_token_ids": [5, 6], "max_tokens": 12, "temperature": 1.0, "seed": 2,
+         "guided_regex": "[a-c]{3}-[0-9]{2}"},
+        {"prompt_token_ids": [5, 6], "max_tokens": 3, "logit_bias": {"40": 100}},
+        {"prompt_token_ids": [5, 6], "max_tokens": 4, "n": 1, "best_of": 3, "seed": 1},
+        {"prompt_token_ids": [5, 6], "guided_regex": "(bad"},
+    ]  # fmt: skip
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    dst = tmp_path / "out.jsonl"
+    argv = ["generate", "--model", str(tiny_model_dir), "--input", str(src), "--output", str(dst)]
+    assert cli_main(argv + ["--num-device-blocks", "32"]) == 0
+    rows = [json.loads(line) for line in dst.read_text().splitlines()]
+    import re
+
+    assert re.fullmatch("[a-c]{3}-[0-9]{2}", rows[0]["text"]), rows[0]["text"]
+    assert rows[1]["token_ids"] == [40, 40, 40]
+    assert isinstance(rows[2]["cumulative_logprob"], float) and 1 <= len(rows[2]["token_ids"]) <= 4
+    assert rows[3]["error"]["param"] == "guided_regex"

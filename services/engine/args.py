@@ -9,6 +9,7 @@ from shared.config import (
     EngineConfig,
     GiB,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     SimConfig,
 )
@@ -79,6 +80,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--sim-overhead-ms", type=float, default=None, help="per-step overhead; default: the GPU's"
     )
 
+    parallel = parser.add_argument_group("tensor parallelism")
+    parallel.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="executor ranks sharing the model"
+    )
+    parallel.add_argument(
+        "--tp-master-addr", default="127.0.0.1", help="address where rank 0 meets the others"
+    )
+    parallel.add_argument(
+        "--tp-master-port", type=int, default=None, help="its port (default: a free one)"
+    )
+    parallel.add_argument(
+        "--tp-external-workers",
+        action="store_true",
+        help="start ranks 1.. by hand (python -m services.executor.tp_worker) instead of locally",
+    )
+
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
@@ -111,6 +128,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             kv_cache_bytes=int(args.sim_kv_gb * GiB) if args.sim_kv_gb else None,
             step_overhead_s=None if args.sim_overhead_ms is None else args.sim_overhead_ms / 1e3,
         ),
+        parallel=ParallelConfig(
+            tensor_parallel_size=args.tensor_parallel_size,
+            master_addr=args.tp_master_addr,
+            master_port=args.tp_master_port,
+            external_workers=args.tp_external_workers,
+        ),
     )
 
 
@@ -128,6 +151,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--kv-policy", args.kv_policy,
         "--device", args.device,
         "--attention-backend", args.attention_backend,
+        "--tensor-parallel-size", str(args.tensor_parallel_size),
+        "--tp-master-addr", args.tp_master_addr,
         "--executor", args.executor,
         "--sim-gpu", args.sim_gpu,
         "--sim-model", args.sim_model,
@@ -137,6 +162,7 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--max-model-len": args.max_model_len,
         "--num-threads": args.num_threads,
         "--num-device-blocks": args.num_device_blocks,
+        "--tp-master-port": args.tp_master_port,
         "--sim-kv-gb": args.sim_kv_gb,
         "--sim-overhead-ms": args.sim_overhead_ms,
     }
@@ -145,4 +171,6 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
             argv += [flag, str(value)]
     if not args.chunked_prefill:
         argv.append("--no-chunked-prefill")
+    if args.tp_external_workers:
+        argv.append("--tp-external-workers")
     return argv

@@ -27,6 +27,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[SampledToken] | None = None
+    cumulative_logprob: float | None = None  # set when the tokens' logprobs were drawn
 
 
 @dataclass
@@ -41,12 +42,13 @@ class RequestOutput:
         want_logprobs = group.sampling.logprobs is not None
         outputs = [
             CompletionOutput(
-                seq.index,
+                index,
                 seq.output_token_ids,
                 seq.finish_reason,
                 list(seq.logprobs) if want_logprobs else None,
+                seq.cumulative_logprob if group.sampling.wants_logprob else None,
             )
-            for seq in sorted(group.seqs, key=lambda s: s.index)
+            for index, seq in sorted(group.reported_seqs(), key=lambda pair: pair[0])
         ]
         return cls(group.request_id, group.prompt_token_ids, outputs, group.is_finished)
 
@@ -75,6 +77,16 @@ class LLMEngine:
         self.stats = StepStats()
         self._ids = itertools.count()
         self._tokenizer = None
+
+    def close(self) -> None:
+        """Stop the executor's other tensor-parallel ranks, if any (idempotent)."""
+        self.executor.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

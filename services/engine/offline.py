@@ -11,10 +11,12 @@ from services.engine.llm_engine import LLMEngine, RequestOutput
 from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError, PagedServeError
 from shared.sampling import SamplingParams
+from shared.structured import guided_from_body
 
 SAMPLING_FIELDS = (
     "n", "max_tokens", "temperature", "top_p", "top_k", "seed",
-    "stop_token_ids", "ignore_eos", "logprobs",
+    "stop_token_ids", "ignore_eos", "logprobs", "min_p", "min_tokens",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "best_of",
 )  # fmt: skip
 
 
@@ -92,6 +94,9 @@ def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:
             if not isinstance(line, dict):
                 raise InvalidRequestError("each line must be a JSON object")
             overrides = {k: line[k] for k in SAMPLING_FIELDS if k in line}
+            guided = guided_from_body(line)  # response_format or guided_json/regex/choice/grammar
+            if guided is not None:
+                overrides["guided"] = guided
             sampling = SamplingParams.from_dict(overrides, base=defaults)
             request_of[engine.add_request(prompt_ids(engine, line, args.chat), sampling)] = index
         except json.JSONDecodeError as exc:
@@ -137,6 +142,8 @@ def _result_row(engine: LLMEngine, index: int, out: RequestOutput) -> dict[str, 
             "token_ids": completion.token_ids,
             "finish_reason": completion.finish_reason,
         }
+        if completion.cumulative_logprob is not None:
+            entry["cumulative_logprob"] = completion.cumulative_logprob
         if completion.logprobs is not None:
             entry["logprobs"] = [
                 {"token_id": t.token_id, "logprob": t.logprob, "top_logprobs": t.top_logprobs}

@@ -5,21 +5,31 @@ It decides nothing about blocks: every block id, copy and swap comes from the pl
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
+import json
+import socket
+import subprocess
+import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kernels.ops import select_ops
+from services.executor.block_tables import DeviceBlockTables
+from services.executor.grammar import GrammarCompiler
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
-from services.executor.sampler import SampleRow, sample, sequence_generator
+from services.executor.llama import LlamaSpec
+from services.executor.sampler import sample
+from services.executor.sampling_state import Draw, SamplingStates
+from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divisible, init_group
 from services.executor.weights import load_hf_config, load_model
+from shared import wire
 from shared.config import EngineConfig
 from shared.protocol import ExecutorReady, StepPlan, StepResult
-from shared.sampling import SamplingParams
 
 DTYPES = {
     "float32": torch.float32,
@@ -29,30 +39,109 @@ DTYPES = {
 }
 
 
-@dataclass
-class _SeqState:
-    params: SamplingParams
-    generator: torch.Generator | None
-    block_table: list[int]
-
-
 class Executor:
-    def __init__(self, config: EngineConfig, model_dir: Path) -> None:
+    """Rank 0 (the default) talks to the scheduler; with tensor parallelism it starts or meets
+    ranks 1.. (`tp_worker`), broadcasts each plan to them, and alone samples and answers."""
+
+    def __init__(self, config: EngineConfig, model_dir: Path, rank: int = 0) -> None:
         if config.model.num_threads:
             torch.set_num_threads(config.model.num_threads)
-        self.device = _device(config.model.device)
+        elif rank > 0 and config.model.device != "cuda":
+            # CPU ranks on one machine share its cores: each takes its share, not all of them.
+            size = config.parallel.tensor_parallel_size
+            torch.set_num_threads(max(1, torch.get_num_threads() // size))
+        self.device = _device(config.model.device, rank)
         self.ops = select_ops(config.model.attention_backend, self.device)
         block_size = config.cache.block_size
         if self.ops.name == "triton" and block_size & (block_size - 1):
             raise ValueError(f"the triton kernels need a power-of-two block size, got {block_size}")
         hf_config = load_hf_config(model_dir)
+        size = config.parallel.tensor_parallel_size
+        # Refused before any rank starts: a bad split must fail here, not hang a collective.
+        check_divisible(LlamaSpec.from_hf_config(hf_config), size)
+        if self.device.type == "cuda" and size > torch.cuda.device_count():
+            raise ValueError(
+                f"tensor-parallel size {size} exceeds the {torch.cuda.device_count()} CUDA devices"
+            )
+        self._workers: list[subprocess.Popen] = []
+        self.shard = self._join_ranks(config, rank) if size > 1 else Shard()
+        # Plans travel between ranks as tensors on the collective backend's device.
+        self._comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         self.max_model_len = _max_model_len(hf_config, config.model.max_model_len)
         dtype = DTYPES[config.model.dtype]
-        self.model = load_model(model_dir, dtype, self.max_model_len, self.ops, self.device)
-        self.cache = KVCache(self.model.spec, config.cache, dtype, self.device, self.ops)
+        self.model = load_model(
+            model_dir, dtype, self.max_model_len, self.ops, self.device, self.shard
+        )
+        # This rank's KV heads of every block: one block table serves every rank.
+        local_heads = self.model.layers[0].self_attn.num_kv_heads
+        cache_spec = dataclasses.replace(self.model.spec, num_kv_heads=local_heads)
+        self.cache = KVCache(cache_spec, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
-        self.shared_generator = torch.Generator().manual_seed(config.model.seed)
-        self.seqs: dict[int, _SeqState] = {}
+        self.model_dir = model_dir
+        self.block_tables = DeviceBlockTables(-(-self.max_model_len // block_size), self.device)
+        self.sampling = SamplingStates(
+            self.model.spec.vocab_size,
+            self.eos_token_ids,
+            self.device,
+            config.model.seed,
+            self._grammar_matcher,
+        )
+        self._grammars: GrammarCompiler | None = None
+
+    # ---- tensor parallelism -----------------------------------------------------------------
+    def _join_ranks(self, config: EngineConfig, rank: int) -> Shard:
+        parallel = config.parallel
+        if rank == 0 and parallel.master_port is None:
+            parallel = dataclasses.replace(parallel, master_port=_free_port())
+            config = dataclasses.replace(config, parallel=parallel)
+        if rank == 0 and not parallel.external_workers:
+            for other in range(1, parallel.tensor_parallel_size):
+                self._workers.append(_spawn_rank(config, other))
+            atexit.register(self.close)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        return init_group(
+            rank,
+            parallel.tensor_parallel_size,
+            parallel.master_addr,
+            parallel.master_port,
+            self.device.type,
+        )
+
+    def ranks_alive(self) -> bool:
+        """False once a locally started rank has exited (the executor cannot go on)."""
+        return all(worker.poll() is None for worker in self._workers)
+
+    def follow(self) -> None:
+        """Ranks 1..: run each plan rank 0 broadcasts, until it broadcasts the stop."""
+        while True:
+            payload = broadcast_bytes(self.shard, None, self._comm_device)
+            if not payload:
+                break
+            self.execute(wire.decode(payload))
+        torch.distributed.destroy_process_group()
+
+    def close(self) -> None:
+        """Rank 0: stop the other ranks (idempotent)."""
+        if self.shard.size == 1 or not self.shard.is_driver:
+            return
+        if not torch.distributed.is_initialized():
+            return
+        if self.ranks_alive():
+            broadcast_bytes(self.shard, b"", self._comm_device)
+        for worker in self._workers:
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        torch.distributed.destroy_process_group()
+
+    def _grammar_matcher(self, guided: tuple[str, str]):
+        if self._grammars is None:  # loads the tokenizer: only once a request needs it
+            self._grammars = GrammarCompiler(
+                self.model_dir, self.model.spec.vocab_size, self.eos_token_ids
+            )
+        return self._grammars.matcher(guided)
 
     def ready(self) -> ExecutorReady:
         return ExecutorReady(
@@ -67,6 +156,10 @@ class Executor:
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply the plan; a failure becomes StepResult.error so its requests end, not hang."""
         try:
+            if self.shard.size > 1 and self.shard.is_driver:
+                if not self.ranks_alive():
+                    raise RuntimeError("a tensor-parallel rank has exited")
+                broadcast_bytes(self.shard, wire.encode(plan), self._comm_device)
             return self._execute(plan)
         except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which ends requests
             traceback.print_exc()
@@ -74,62 +167,99 @@ class Executor:
 
     def _execute(self, plan: StepPlan) -> StepResult:
         t0 = time.perf_counter()
+        driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
         for seq_id in plan.freed_seq_ids:
-            self.seqs.pop(seq_id, None)
+            self.block_tables.forget(seq_id)
+            if driver:
+                self.sampling.forget(seq_id)
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
         for seq in plan.seqs:
-            state = self.seqs.get(seq.seq_id)
-            if state is None:
+            if seq.seq_id not in self.block_tables:
                 if seq.sampling is None:
                     raise ValueError(
                         f"plan schedules unknown sequence {seq.seq_id} without sampling"
                     )
-                state = _SeqState(seq.sampling, sequence_generator(seq.sampling, 0), [])
-                self.seqs[seq.seq_id] = state
-            if seq.replace_table:
-                state.block_table = list(seq.block_ids)
-            else:
-                state.block_table.extend(seq.block_ids)
+                if driver:
+                    self.sampling.add(seq.seq_id, seq.sampling)
+            self.block_tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
+            if driver:
+                self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
         if not plan.seqs:
             return StepResult(plan.step_id, [], {"cache_ops": time.perf_counter() - t0})
 
         t1 = time.perf_counter()
         inputs = build_inputs(
             plan.seqs,
-            [self.seqs[s.seq_id].block_table for s in plan.seqs],
+            self.block_tables.rows([s.seq_id for s in plan.seqs]),
             self.cache.block_size,
-            self.device,
             reference_views=self.ops.name == "torch",
         )
+        draws = []
+        sampling_seqs = [seq for seq in plan.seqs if seq.sample]
+        for row, seq in enumerate(sampling_seqs):
+            for index, child_id in enumerate(seq.fork_seq_ids, start=1):
+                # Known from now on; its first plan entry carries its whole table.
+                self.block_tables.register(child_id)
+                if driver:
+                    self.sampling.fork(seq.seq_id, child_id, index)
+            if driver:
+                draws.append(Draw(row, seq.seq_id))
+                draws.extend(Draw(row, child_id) for child_id in seq.fork_seq_ids)
+        batch = self.sampling.build(draws) if draws else None
         t2 = time.perf_counter()
         with torch.inference_mode():
             hidden = self.model(
                 inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
             )
-            # Sampling runs on the CPU with per-request CPU generators (seed reproducibility).
-            logits = self.model.compute_logits(hidden[inputs.logits_rows]).cpu()
-        t3 = time.perf_counter()
-        rows = []
-        sampling_seqs = [seq for seq in plan.seqs if seq.sample]
-        for row, seq in enumerate(sampling_seqs):
-            state = self.seqs[seq.seq_id]
-            rows.append(SampleRow(row, seq.seq_id, state.params, state.generator))
-            for index, child_id in enumerate(seq.fork_seq_ids, start=1):
-                child = _SeqState(state.params, sequence_generator(state.params, index), [])
-                self.seqs[child_id] = child
-                rows.append(SampleRow(row, child_id, child.params, child.generator))
-        tokens = sample(logits, rows, self.shared_generator) if rows else []
+            logits = None
+            if sampling_seqs:  # every rank: the LM head is split by vocabulary
+                logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [rows, vocab]
+            t3 = time.perf_counter()
+            output = sample(logits, batch) if batch is not None else None
         t4 = time.perf_counter()
-        timings = {"cache_ops": t1 - t0, "prepare": t2 - t1, "forward": t3 - t2, "sample": t4 - t3}
+        # The step's one host synchronisation: sampled ids (and asked-for logprobs) only. On a
+        # GPU the phases before it only enqueue work, so their device time lands here.
+        tokens = self.sampling.results(draws, output) if output is not None else []
+        t5 = time.perf_counter()
+        timings = {
+            "cache_ops": t1 - t0,
+            "prepare": t2 - t1,
+            "forward": t3 - t2,
+            "sample": t4 - t3,
+            "sync_out": t5 - t4,
+        }
         return StepResult(plan.step_id, tokens, timings)
 
 
-def _device(name: str) -> torch.device:
+def _device(name: str, rank: int = 0) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was asked for, but torch sees no CUDA device")
+    if name == "cuda":
+        if rank >= torch.cuda.device_count():  # local ranks: one device each
+            raise ValueError(
+                f"tensor-parallel rank {rank} needs a CUDA device, "
+                f"but this machine has {torch.cuda.device_count()}"
+            )
+        return torch.device("cuda", rank)
     return torch.device(name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_rank(config: EngineConfig, rank: int) -> subprocess.Popen:
+    import os
+
+    argv = [
+        sys.executable, "-m", "services.executor.tp_worker", "--rank", str(rank),
+        "--config-json", json.dumps(config.to_dict()), "--parent-pid", str(os.getpid()),
+    ]  # fmt: skip
+    return subprocess.Popen(argv)
 
 
 def _max_model_len(hf_config, requested: int | None) -> int:

@@ -39,7 +39,8 @@ class KVCache:
         self.device = torch.zeros(
             (spec.num_layers, 2, num_device, *block_shape), dtype=dtype, device=device
         )
-        # Pinned when the pool is on a GPU, so swaps are asynchronous DMA copies.
+        # Pinned when the pool is on a GPU, so swap copies run at DMA speed. They are still
+        # synchronous: a plan's swaps complete before its forward pass starts.
         pin = torch.device(device).type == "cuda"
         self.cpu = torch.zeros(
             (spec.num_layers, 2, num_cpu, *block_shape), dtype=dtype, pin_memory=pin

@@ -14,6 +14,7 @@ from torch import nn
 
 from kernels.metadata import AttentionMetadata
 from kernels.ops import KernelOps
+from services.executor.tensor_parallel import Shard
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # RoPE variants whose frequencies do not depend on the sequence length at run time.
@@ -133,15 +134,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: LlamaSpec, ops: KernelOps) -> None:
+    def __init__(self, spec: LlamaSpec, ops: KernelOps, shard: Shard) -> None:
         super().__init__()
         self.ops = ops
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            spec.num_heads,
-            spec.num_kv_heads,
-            spec.head_dim,
-        )
-        q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.shard = shard
+        # This rank's heads (all of them without tensor parallelism).
+        kv_start, kv_end = shard.kv_span(spec.num_heads, spec.num_kv_heads)
+        self.num_heads = spec.num_heads // shard.size
+        self.num_kv_heads = kv_end - kv_start
+        self.head_dim = spec.head_dim
+        q_size, kv_size = self.num_heads * spec.head_dim, self.num_kv_heads * spec.head_dim
         self.split = (q_size, kv_size, kv_size)
         # q, k and v in one matmul: one pass over the activations instead of three.
         self.qkv_proj = nn.Linear(spec.hidden_size, q_size + 2 * kv_size, bias=spec.qkv_bias)
@@ -165,29 +167,30 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         self.ops.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
         o = self.ops.paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, k, v)
-        return linear(o.reshape(num_tokens, -1), self.o_proj)
+        # Row-parallel: each rank holds some heads' share of the output; the sum is the output.
+        return self.shard.all_reduce(linear(o.reshape(num_tokens, -1), self.o_proj))
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: LlamaSpec) -> None:
+    def __init__(self, spec: LlamaSpec, shard: Shard) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(
-            spec.hidden_size, 2 * spec.intermediate_size, bias=spec.mlp_bias
-        )
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        self.shard = shard
+        width = spec.intermediate_size // shard.size  # this rank's columns of the MLP
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * width, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(width, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         gate, up = linear(x, self.gate_up_proj).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.down_proj)
+        return self.shard.all_reduce(linear(F.silu(gate) * up, self.down_proj))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: LlamaSpec, ops: KernelOps) -> None:
+    def __init__(self, spec: LlamaSpec, ops: KernelOps, shard: Shard) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = Attention(spec, ops)
+        self.self_attn = Attention(spec, ops, shard)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = MLP(spec)
+        self.mlp = MLP(spec, shard)
 
     def forward(self, h, cos, sin, kv_cache, meta):  # h: [num_tokens, hidden]
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, meta)
@@ -196,17 +199,25 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(
-        self, spec: LlamaSpec, cos: torch.Tensor, sin: torch.Tensor, ops: KernelOps
+        self,
+        spec: LlamaSpec,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ops: KernelOps,
+        shard: Shard | None = None,
     ) -> None:
         super().__init__()
-        self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, ops) for _ in range(spec.num_layers))
+        self.spec = spec  # the whole model's numbers; each module knows its own share
+        self.shard = shard = shard or Shard()
+        self.vocab_start, vocab_end = shard.span(spec.vocab_size)
+        local_vocab = vocab_end - self.vocab_start
+        self.embed_tokens = nn.Embedding(local_vocab, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, ops, shard) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         if spec.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+            self.lm_head = nn.Linear(spec.hidden_size, local_vocab, bias=False)
         self.register_buffer("cos", cos, persistent=False)  # [max_positions, head_dim] fp32
         self.register_buffer("sin", sin, persistent=False)
 
@@ -217,14 +228,24 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden], before the final norm
-        h = self.embed_tokens(input_ids)
+        h = self._embed(input_ids)
         cos = self.cos[positions].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, head_dim]
         sin = self.sin[positions].to(h.dtype).unsqueeze(1)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_cache[i], meta)
         return h
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [.., hidden]
+        if self.shard.size == 1:
+            return self.embed_tokens(input_ids)
+        # Vocabulary-parallel: each rank looks up the ids it holds, zeros elsewhere; summed.
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.embed_tokens.num_embeddings)
+        h = self.embed_tokens(local.clamp(0, self.embed_tokens.num_embeddings - 1))
+        return self.shard.all_reduce(h * mine[:, None].to(h.dtype))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_rows, hidden] -> [num_rows, vocab] fp32, only for the rows that sample."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear_weight(self.norm(hidden), weight).float()
+        # Each rank scores its slice of the vocabulary; every rank gets the whole row.
+        return self.shard.all_gather_last(linear_weight(self.norm(hidden), weight).float())

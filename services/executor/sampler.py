@@ -1,4 +1,11 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-sequence seeded generators, logprobs."""
+"""Batched token sampling on the logits' device: one pass over [rows, vocab] for the whole step.
+
+Order (as vLLM's v1 sampler): logit bias, min_tokens masks and grammar masks; penalties; then
+greedy rows take the argmax, random rows are temperature-scaled, min-p, top-k and top-p
+filtered and drawn by a Gumbel race with counter-based noise keyed by (seed, sample, position).
+Logprobs are the model's own log-softmax (before any of this), only for rows that asked.
+Nothing here synchronises with the host: the executor copies the results out once.
+"""
 
 from __future__ import annotations
 
@@ -6,89 +13,137 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.protocol import SampledToken
-from shared.sampling import SamplingParams
-
-_GOLDEN = 0x9E3779B97F4A7C15  # spreads (seed, sample index) pairs over the 64-bit seed space
-
-
-def sequence_generator(params: SamplingParams, index: int) -> torch.Generator | None:
-    """The private generator of the index-th parallel sample of a seeded request."""
-    if params.seed is None:
-        return None
-    return torch.Generator().manual_seed((params.seed + index * _GOLDEN) % 2**64)
+from services.executor.counter_rng import gumbel
 
 
 @dataclass
-class SampleRow:
-    """One token to draw: which logits row, for which sequence, under which parameters."""
+class PenaltyInputs:
+    rows: torch.Tensor  # [P] int64 rows of the batch that carry penalties
+    output_counts: torch.Tensor  # [P, vocab] int32 occurrences in the generated tokens
+    prompt_mask: torch.Tensor  # [P, vocab] bool tokens present in the prompt
+    presence: torch.Tensor  # [P] fp32
+    frequency: torch.Tensor  # [P] fp32
+    repetition: torch.Tensor  # [P] fp32
 
-    logits_row: int
-    seq_id: int
-    params: SamplingParams
-    generator: torch.Generator | None  # None: the executor's shared generator
+
+@dataclass
+class SamplingBatch:
+    """Per-row parameters of one step's draws, already on the logits' device."""
+
+    logits_rows: torch.Tensor  # [B] int64 logits row each draw reads (n > 1 forks share a row)
+    temperature: torch.Tensor  # [B] fp32, 0 for greedy rows
+    top_k: torch.Tensor  # [B] int64, vocab when off
+    max_top_k: int  # largest top_k among rows that use it (a host value: no sync to find it)
+    # [B] fp32; inf when off, so cumulative-sum rounding above 1 never drops a tail token
+    top_p: torch.Tensor
+    min_p: torch.Tensor  # [B] fp32, 0 when off
+    rng_keys: torch.Tensor  # [B] int64 counter-RNG keys (see counter_rng.row_key)
+    all_greedy: bool
+    use_top_k: bool
+    use_top_p: bool
+    use_min_p: bool
+    num_logprobs: int  # top logprobs to return per row (max over rows that asked), -1: none
+    penalties: PenaltyInputs | None = None
+    # Additive edits applied as logits[rows, tokens] += values (logit_bias; -inf masks for
+    # min_tokens): [E] int64, [E] int64, [E] fp32.
+    edit_rows: torch.Tensor | None = None
+    edit_tokens: torch.Tensor | None = None
+    edit_values: torch.Tensor | None = None
+    # Structured output: [B, ceil(vocab / 32)] int32 allowed-token bitmask (bit set = allowed)
+    # for the rows in grammar_rows ([G] int64); other rows are unconstrained.
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] | None = None
 
 
-def sample(
-    logits: torch.Tensor,  # [num_logit_rows, vocab] fp32
-    rows: list[SampleRow],
-    shared_generator: torch.Generator,
-) -> list[SampledToken]:
-    """Draw one token per row. Several rows may read the same logits (n > 1 forks)."""
-    row_ids = [r.logits_row for r in rows]
-    if row_ids != list(range(logits.shape[0])):  # forks read a row twice: expand (copies)
-        logits = logits.index_select(0, torch.tensor(row_ids, dtype=torch.int64))
-    # logits: [num_rows, vocab]
-    tokens = torch.empty(len(rows), dtype=torch.int64)
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None = None  # [B] fp32 logprob of the sampled token
+    top_ids: torch.Tensor | None = None  # [B, k] int64
+    top_logprobs: torch.Tensor | None = None  # [B, k] fp32
 
-    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-    if len(greedy) == len(rows):
-        tokens = logits.argmax(dim=-1)
-    elif greedy:
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
-    random = [i for i, r in enumerate(rows) if not r.params.greedy]
-    if random:
-        probs = _filtered_probs(logits[random], [rows[i].params for i in random])
-        shared = [j for j, i in enumerate(random) if rows[i].generator is None]
-        if shared:
-            drawn = torch.multinomial(probs[shared], 1, generator=shared_generator)
-            tokens[[random[j] for j in shared]] = drawn.squeeze(1)
-        for j, i in enumerate(random):
-            if rows[i].generator is not None:
-                tokens[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
 
-    token_list = tokens.tolist()
-    out = [SampledToken(r.seq_id, t) for r, t in zip(rows, token_list)]
-    wants = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-    if wants:
-        # Logprobs of the model's own distribution (before temperature and filtering).
-        logprobs = torch.log_softmax(logits[wants], dim=-1)
-        chosen = logprobs.gather(1, tokens[wants].unsqueeze(1)).squeeze(1).tolist()
-        max_k = max(rows[i].params.logprobs for i in wants)
-        top_values, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (None, None)
-        for j, i in enumerate(wants):
-            out[i].logprob = chosen[j]
-            k = rows[i].params.logprobs
-            if k:
-                out[i].top_logprobs = list(zip(top_ids[j, :k].tolist(), top_values[j, :k].tolist()))
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits: [R, vocab] fp32 (one row per sampling sequence) -> one token per draw row."""
+    vocab = logits.shape[-1]
+    raw = logits.index_select(0, batch.logits_rows)  # [B, vocab]; a copy, edited in place
+    processed = _processed_logits(raw.clone() if batch.num_logprobs >= 0 else raw, batch)
+    if batch.all_greedy:
+        token_ids = processed.argmax(dim=-1)
+    else:
+        token_ids = _draw(processed, batch, vocab)
+    out = SamplerOutput(token_ids)
+    if batch.num_logprobs >= 0:
+        logprobs = torch.log_softmax(raw, dim=-1)  # [B, vocab]
+        out.logprobs = logprobs.gather(1, token_ids[:, None]).squeeze(1)
+        if batch.num_logprobs > 0:
+            out.top_logprobs, out.top_ids = logprobs.topk(batch.num_logprobs, dim=-1)
     return out
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Softmax of temperature-scaled logits with top-k and top-p applied per row."""
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+def _processed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """[B, vocab] logits after bias, masks and penalties (in place where possible)."""
+    if batch.edit_rows is not None:
+        logits.index_put_((batch.edit_rows, batch.edit_tokens), batch.edit_values, accumulate=True)
+    if batch.grammar_bitmask is not None:
+        apply_bitmask(logits, batch.grammar_bitmask, batch.grammar_rows)
+    if batch.penalties is not None:
+        p = batch.penalties
+        rows = logits.index_select(0, p.rows)  # [P, vocab]
+        counts = p.output_counts.to(rows.dtype)
+        seen = p.prompt_mask | (p.output_counts > 0)
+        rep = p.repetition[:, None]
+        # transformers' definition: shrink a seen token's logit towards "less likely" either way.
+        rows = torch.where(seen, torch.where(rows > 0, rows / rep, rows * rep), rows)
+        rows = rows - p.frequency[:, None] * counts
+        rows = rows - p.presence[:, None] * (p.output_counts > 0).to(rows.dtype)
+        logits.index_copy_(0, p.rows, rows)
+    return logits
+
+
+def apply_bitmask(
+    logits: torch.Tensor,  # [B, vocab] fp32, edited in place
+    bitmask: torch.Tensor,  # [B, ceil(vocab / 32)] int32, bit (t % 32) of word t // 32
+    rows: list[int] | None,
+) -> None:
+    """Set the logits of tokens a row's grammar forbids to -inf (xgrammar's kernel)."""
+    import xgrammar
+
+    xgrammar.apply_token_bitmask_inplace(
+        logits, bitmask.to(logits.device, non_blocking=True), indices=rows
+    )
+
+
+def _draw(logits: torch.Tensor, batch: SamplingBatch, vocab: int) -> torch.Tensor:
+    greedy_rows = batch.temperature == 0
+    greedy_ids = logits.argmax(dim=-1)
+    # Greedy rows divide by 1: their draw is discarded below, and nothing becomes inf or nan.
+    temperature = torch.where(greedy_rows, torch.ones_like(batch.temperature), batch.temperature)
     logits = logits / temperature[:, None]
+    if batch.use_min_p:
+        # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed.
+        threshold = logits.max(dim=-1, keepdim=True).values + torch.log(batch.min_p)[:, None]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if batch.use_top_p:
+        logits = _top_k_top_p(logits, batch.top_k, batch.top_p)
+    elif batch.use_top_k:
+        # k-th largest value per row as a threshold: a topk, not a full sort.
+        values = logits.topk(batch.max_top_k, dim=-1).values  # [B, max_top_k] descending
+        kth = values.gather(1, (batch.top_k.clamp(max=batch.max_top_k) - 1)[:, None])
+        kth = kth.masked_fill((batch.top_k >= vocab)[:, None], float("-inf"))  # rows without
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    drawn = (logits + gumbel(batch.rng_keys, vocab)).argmax(dim=-1)
+    return torch.where(greedy_rows, greedy_ids, drawn)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask all but each row's top-k tokens and its nucleus of mass top_p; one sort."""
     vocab = logits.shape[-1]
-    top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
-    # top_p == 1 keeps everything; an infinite threshold avoids dropping the tail by rounding.
-    top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
-    if min(top_k) < vocab or min(top_p) < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        rank = torch.arange(vocab)[None, :]
-        sorted_logits.masked_fill_(rank >= torch.tensor(top_k)[:, None], float("-inf"))
-        sorted_probs = sorted_logits.softmax(dim=-1)
-        # Drop a token once the mass before it already reaches top_p; the top token always stays.
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_logits.masked_fill_(mass_before > torch.tensor(top_p)[:, None], float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
-    return logits.softmax(dim=-1)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    sorted_logits.masked_fill_(rank >= top_k[:, None], float("-inf"))
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    # Drop a token once the mass before it already reaches top_p; the top token always stays.
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_logits.masked_fill_(mass_before > top_p[:, None], float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)

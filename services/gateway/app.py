@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from services.gateway.auth import BROWSER_PATHS, authorized, browser_challenge
 from services.gateway.backend import Backend
+from services.gateway.dashboard import add_dashboard_routes
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.http_errors import AuthenticationError, ServiceUnavailableError
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.openapi import openapi_spec
 from services.gateway.serving import INTERNAL_ERROR, handle_generate
 from services.gateway.state import GatewayState
+from services.gateway.tokenize import handle_detokenize, handle_tokenize
 from shared.errors import ModelNotFoundError, PagedServeError
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,7 @@ def create_app(
     state = GatewayState(
         backend=backend,
         tokenizer=tokenizer,
-        metrics=GatewayMetrics(lambda: backend.stats),
+        metrics=GatewayMetrics(lambda: backend.stats, getattr(backend, "replica_table", None)),
         texts=TokenTexts(tokenizer),
         api_key=api_key,
         max_queued_requests=max_queued_requests,
@@ -47,8 +50,13 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
+    for prefix in ("", "/v1"):  # vLLM serves these without the prefix; OpenAI clients add it
+        app.router.add_post(f"{prefix}/tokenize", _tokenize)
+        app.router.add_post(f"{prefix}/detokenize", _detokenize)
+    app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    add_dashboard_routes(app, STATE)  # /dashboard and /v1/kv_state: the live block map
     app.on_cleanup.append(_drain)
     return app
 
@@ -59,6 +67,19 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     return await handle_generate(request, request.app[STATE], "chat")
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    return await handle_tokenize(request, request.app[STATE])
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    return await handle_detokenize(request, request.app[STATE])
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    info = request.app[STATE].backend.info
+    return web.json_response(openapi_spec(info.model_name if info is not None else None))
 
 
 def _model_card(state: GatewayState) -> dict[str, Any]:
@@ -90,7 +111,9 @@ async def _health(request: web.Request) -> web.Response:
     if not request.app[STATE].backend.ready:
         error = ServiceUnavailableError("the model server is not ready", code="not_ready")
         return web.json_response(error.to_dict(), status=error.http_status)
-    return web.json_response({"status": "ok"})
+    # Several replicas: still serving while one is down, and saying so.
+    degraded = getattr(request.app[STATE].backend, "degraded", False)
+    return web.json_response({"status": "degraded" if degraded else "ok"})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -105,12 +128,10 @@ async def _drain(app: web.Application) -> None:
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     key = request.app[STATE].api_key
-    if key is not None and request.path not in _OPEN_PATHS:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), key.encode()
-        ):
-            raise AuthenticationError("missing or invalid API key", code="invalid_api_key")
+    if key is not None and request.path not in _OPEN_PATHS and not authorized(request, key):
+        if request.path in BROWSER_PATHS:
+            return browser_challenge()
+        raise AuthenticationError("missing or invalid API key", code="invalid_api_key")
     return await handler(request)
 
 

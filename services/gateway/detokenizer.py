@@ -17,7 +17,7 @@ class IncrementalDetokenizer:
     token settles it, so a stop string never reaches the client; flush() releases the rest.
     """
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), min_tokens: int = 0) -> None:
         self._tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer
         self._ids: list[int] = []
@@ -27,6 +27,8 @@ class IncrementalDetokenizer:
         self._stop = [s for s in stop if s]
         self._pending = ""  # decoded but not yet released
         self.stopped = False  # a stop string appeared: the sample is over
+        # As vLLM: stop strings are not looked for until the sample has min_tokens tokens.
+        self._min_tokens = min_tokens
 
     def step(self, token_id: int) -> str:
         """Feed one token; returns the text that is now safe to send (maybe empty)."""
@@ -59,7 +61,7 @@ class IncrementalDetokenizer:
         return out
 
     def _release(self) -> str:
-        if not self._stop:
+        if not self._stop or len(self._ids) < self._min_tokens:
             return self._release_pending()
         # Only the pending text needs searching: released text never holds a stop string's
         # beginning (that part is always held back), so no match can start before it.

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from services.gateway.request_fields import reject_unsupported
 from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError, ModelNotFoundError
 from shared.protocol import SchedulerReady
 from shared.sampling import SamplingParams
+from shared.structured import guided_from_body
 
 Kind = Literal["completion", "chat"]
 
@@ -41,6 +43,7 @@ def max_seq_len(info: SchedulerReady) -> int:
 def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) -> ParsedRequest:
     """Validate a /v1/completions body and tokenize its prompt (blocking: run off the loop)."""
     body = _require_object(body)
+    reject_unsupported(body, "completion")
     model = _check_model(body, info)
     prompt = _single_prompt(body.get("prompt"))
     if isinstance(prompt, str):
@@ -60,8 +63,8 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
     if echo:
         echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
     max_tokens = _opt_int(body, "max_tokens")
-    sampling = _sampling(body, info, max_tokens if max_tokens is not None else 16, logprobs)
     stream, include_usage = _stream_flags(body)
+    sampling = _sampling(body, info, max_tokens if max_tokens is not None else 16, logprobs, stream)
     return ParsedRequest(
         kind="completion",
         model=model,
@@ -78,6 +81,7 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
 def parse_chat_request(body: Any, info: SchedulerReady, tokenizer: Any) -> ParsedRequest:
     """Validate a /v1/chat/completions body and render its chat template (blocking)."""
     body = _require_object(body)
+    reject_unsupported(body, "chat")
     model = _check_model(body, info)
     prompt_ids = chat_prompt_ids(tokenizer, body.get("messages"))
     _check_prompt_len(prompt_ids, info, "messages")
@@ -111,7 +115,7 @@ def parse_chat_request(body: Any, info: SchedulerReady, tokenizer: Any) -> Parse
         kind="chat",
         model=model,
         prompt_token_ids=prompt_ids,
-        sampling=_sampling(body, info, max_tokens, logprobs),
+        sampling=_sampling(body, info, max_tokens, logprobs, stream),
         stop=_stop_strings(body),
         stream=stream,
         include_usage=include_usage,
@@ -183,31 +187,65 @@ def _check_prompt_len(ids: list[int], info: SchedulerReady, param: str) -> None:
 
 
 def _sampling(
-    body: dict[str, Any], info: SchedulerReady, max_tokens: int, logprobs: int | None
+    body: dict[str, Any],
+    info: SchedulerReady,
+    max_tokens: int,
+    logprobs: int | None,
+    stream: bool,
 ) -> SamplingParams:
     n = _opt_int(body, "n")
-    if n is not None and n > info.max_num_seqs:
+    best_of = _opt_int(body, "best_of")
+    for name, value in (("n", n), ("best_of", best_of)):
+        if value is not None and value > info.max_num_seqs:
+            raise InvalidRequestError(
+                f"{name}={value} exceeds this server's max_num_seqs={info.max_num_seqs}",
+                param=name,
+            )
+    if best_of is not None and stream and best_of > (n or 1):
         raise InvalidRequestError(
-            f"n={n} exceeds this server's max_num_seqs={info.max_num_seqs}", param="n"
+            "best_of > n cannot be streamed: the best candidates are known only at the end",
+            param="best_of",
         )
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list):
         raise InvalidRequestError(
             "stop_token_ids must be a list of integers", param="stop_token_ids"
         )
+    bias = body.get("logit_bias")
+    if bias is not None:
+        _check_logit_bias(bias, info.executor.vocab_size)
     values: dict[str, Any] = {
         "n": n,
+        "best_of": best_of,
         "max_tokens": max_tokens,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
         "top_k": body.get("top_k"),
+        "min_p": body.get("min_p"),
         "seed": body.get("seed"),
         "stop_token_ids": tuple(stop_ids) if stop_ids is not None else None,
         "ignore_eos": body.get("ignore_eos"),
         "logprobs": logprobs,
+        "min_tokens": body.get("min_tokens"),
+        "presence_penalty": body.get("presence_penalty"),
+        "frequency_penalty": body.get("frequency_penalty"),
+        "repetition_penalty": body.get("repetition_penalty"),
+        "logit_bias": bias,
+        "guided": guided_from_body(body),
     }
     # null means "the default", which SamplingParams supplies; it validates the rest itself.
     return SamplingParams(**{k: v for k, v in values.items() if v is not None})
+
+
+def _check_logit_bias(bias: Any, vocab_size: int) -> None:
+    if not isinstance(bias, dict):
+        raise InvalidRequestError("logit_bias must map token ids to numbers", param="logit_bias")
+    for key in bias:
+        if not (isinstance(key, str) and key.isdigit() and int(key) < vocab_size):
+            raise InvalidRequestError(
+                f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
+                param="logit_bias",
+            )
 
 
 def _stop_strings(body: dict[str, Any]) -> list[str]:

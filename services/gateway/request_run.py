@@ -72,7 +72,10 @@ class RequestRun:
         self.created = int(self.arrival)
         self.num_prompt_tokens = len(parsed.prompt_token_ids)
         self.samples = [
-            Sample(i, IncrementalDetokenizer(state.tokenizer, parsed.stop))
+            Sample(
+                i,
+                IncrementalDetokenizer(state.tokenizer, parsed.stop, parsed.sampling.min_tokens),
+            )
             for i in range(parsed.sampling.n)
         ]
         self.finished = False  # the backend sent the last delta: nothing to abort

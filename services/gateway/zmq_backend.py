@@ -12,10 +12,13 @@ import zmq
 import zmq.asyncio
 
 from services.gateway.backend import BackendGone
+from services.gateway.kv_state import KvStateCache
 from shared.ipc import Addresses, make_socket, recv, send
 from shared.protocol import (
     AbortRequest,
     GenerateRequest,
+    KvState,
+    KvStateRequest,
     RequestDelta,
     SchedulerReady,
     SchedulerStats,
@@ -35,6 +38,7 @@ class ZmqBackend:
         self._last_seen = 0.0
         self._queues: dict[str, asyncio.Queue[RequestDelta | BackendGone]] = {}
         self._reader: asyncio.Task | None = None
+        self._kv_states = KvStateCache(self._request_kv_state)
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
@@ -92,6 +96,14 @@ class ZmqBackend:
         for queue in self._queues.values():
             queue.put_nowait(BackendGone(reason))
 
+    async def kv_state(self) -> KvState:
+        """The scheduler's block map, at most MIN_INTERVAL_S old."""
+        return await self._kv_states.get()
+
+    async def _request_kv_state(self) -> None:
+        async with self._send_lock:
+            await send(self._requests, KvStateRequest())
+
     async def abort(self, request_id: str) -> None:
         async with self._send_lock:
             await send(self._requests, AbortRequest(request_id))
@@ -108,6 +120,8 @@ class ZmqBackend:
                     queue = self._queues.get(delta.request_id)
                     if queue is not None:
                         queue.put_nowait(delta)
+            elif isinstance(message, KvState):
+                self._kv_states.deliver(message)
             elif isinstance(message, SchedulerReady):
                 self._info = message
                 log.info("backend ready: %s", message.model_name)

@@ -58,11 +58,11 @@ class ContiguousBlockManager(BlockManager):
         self.regions: dict[int, list[int]] = {}  # seq_id -> its region's block ids, in order
 
     def validate_request(self, sampling: SamplingParams) -> None:
-        if sampling.n > 1:
+        if sampling.num_samples > 1:
             raise InvalidRequestError(
                 f"the {self.policy} allocation policy reserves one region per request; "
-                "n > 1 needs the paged policy",
-                param="n",
+                "n > 1 and best_of > 1 need the paged policy",
+                param="best_of" if sampling.best_of else "n",
             )
 
     def region_blocks(self, group: SequenceGroup) -> int:

@@ -18,6 +18,7 @@ from shared.config import SchedulerConfig
 from shared.errors import InvalidRequestError
 from shared.protocol import ExecutorReady, SampledToken, ScheduledSeq, StepPlan, StepResult
 from shared.sampling import SamplingParams
+from shared.structured import check_spec
 
 
 @dataclass
@@ -81,11 +82,22 @@ class Scheduler:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="id")
         self.validate_prompt(prompt_token_ids)
         self.block_manager.validate_request(sampling)
-        if sampling.n > self.config.max_num_seqs:
+        if sampling.num_samples > self.config.max_num_seqs:
+            param = "best_of" if sampling.best_of else "n"
             raise InvalidRequestError(
-                f"n={sampling.n} exceeds this server's max_num_seqs={self.config.max_num_seqs}",
-                param="n",
+                f"{param}={sampling.num_samples} exceeds this server's "
+                f"max_num_seqs={self.config.max_num_seqs}",
+                param=param,
             )
+        if sampling.guided is not None:
+            check_spec(*sampling.guided)
+        for token_id, _ in sampling.logit_bias:
+            if token_id >= self.vocab_size:
+                raise InvalidRequestError(
+                    f"logit_bias token id {token_id} is outside the vocabulary "
+                    f"[0, {self.vocab_size})",
+                    param="logit_bias",
+                )
         seq = Sequence(self._new_seq_id(), 0, list(prompt_token_ids), len(prompt_token_ids))
         group = SequenceGroup(request_id, self._next_arrival, sampling, [seq])
         self._next_arrival += 1
@@ -250,6 +262,8 @@ class Scheduler:
                 target.token_ids.append(token.token_id)
                 if group.sampling.logprobs is not None:
                     target.logprobs.append(token)
+                if token.logprob is not None:
+                    target.cumulative_logprob += token.logprob
                 update.new_tokens.append((target, token))
                 reason = self._stop_reason(group, target, token.token_id)
                 if reason is not None:
@@ -306,8 +320,9 @@ class Scheduler:
             self.block_manager.allocate_slots(seq.seq_id, seq.num_computed_tokens, n)
             fork_ids: list[int] = []
             finishes_prompt = seq.num_computed_tokens + n == seq.num_tokens
-            if finishes_prompt and group.sampling.n > 1 and not group.forked:
-                fork_ids = [self._new_seq_id() for _ in range(group.sampling.n - 1)]
+            num_samples = group.sampling.num_samples
+            if finishes_prompt and num_samples > 1 and not group.forked:
+                fork_ids = [self._new_seq_id() for _ in range(num_samples - 1)]
                 group.forked = True  # reserved now; the child sequences appear in update()
             entries.append(_Entry(seq, group, n, fork_ids))
         return sum(n for _, n in writes)

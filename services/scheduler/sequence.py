@@ -26,6 +26,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     logprobs: list[SampledToken] = field(default_factory=list)  # one per output token, if asked
+    cumulative_logprob: float = 0.0  # sum of the output tokens' logprobs (when they are drawn)
     announced: bool = False  # the executor has this sequence's sampling state
 
     @property
@@ -72,10 +73,24 @@ class SequenceGroup:
 
     @property
     def num_seats(self) -> int:
-        """Sequences this group may run at once: n seats are held until the samples exist."""
-        if len(self.seqs) < self.sampling.n and not self.is_finished:
-            return self.sampling.n
+        """Sequences this group may run at once: seats for every sample are held until the
+        samples exist."""
+        if len(self.seqs) < self.sampling.num_samples and not self.is_finished:
+            return self.sampling.num_samples
         return len(self.live_seqs())
+
+    def reported_seqs(self) -> list[tuple[int, Sequence]]:
+        """(index the client sees, sequence) of the samples a response shows.
+
+        With best_of > n nothing is shown until every candidate has ended; then the n with the
+        highest cumulative logprob, best first, as indices 0 .. n-1.
+        """
+        if self.sampling.num_samples == self.sampling.n:
+            return [(s.index, s) for s in self.seqs]
+        if not self.is_finished:
+            return []
+        ranked = sorted(self.seqs, key=lambda s: (-s.cumulative_logprob, s.index))
+        return list(enumerate(ranked[: self.sampling.n]))
 
     def set_status(self, status: SeqStatus) -> None:
         for seq in self.live_seqs():

@@ -18,6 +18,7 @@ import zmq.asyncio
 
 from services.engine.args import add_engine_args, engine_config_from_args
 from services.scheduler.kv_accounting import KVAccountant, kv_breakdown
+from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
@@ -28,6 +29,7 @@ from shared.protocol import (
     ExecutorHeartbeat,
     ExecutorReady,
     GenerateRequest,
+    KvStateRequest,
     RequestDelta,
     SchedulerReady,
     SchedulerStats,
@@ -45,17 +47,24 @@ EXECUTOR_TIMEOUT_S = 10.0  # no executor heartbeat for this long: it is gone
 def group_delta(update: GroupUpdate) -> RequestDelta:
     """The request's new tokens per sample, with each ended sample's finish reason."""
     group = update.group
+    want_logprobs = group.sampling.logprobs is not None
     by_index: dict[int, SeqDelta] = {}
-    for seq, token in update.new_tokens:
-        delta = by_index.setdefault(seq.index, SeqDelta(seq.index, []))
-        delta.token_ids.append(token.token_id)
-        if group.sampling.logprobs is not None:
-            delta.logprobs.append(token)
-    for seq in group.seqs:
-        if seq.is_finished:
-            by_index.setdefault(
-                seq.index, SeqDelta(seq.index, [])
-            ).finish_reason = seq.finish_reason
+    if group.sampling.num_samples > group.sampling.n:
+        # best_of: the chosen samples are known only at the end; they go out whole then.
+        for index, seq in group.reported_seqs():
+            logprobs = list(seq.logprobs) if want_logprobs else []
+            by_index[index] = SeqDelta(index, seq.output_token_ids, logprobs, seq.finish_reason)
+    else:
+        for seq, token in update.new_tokens:
+            delta = by_index.setdefault(seq.index, SeqDelta(seq.index, []))
+            delta.token_ids.append(token.token_id)
+            if want_logprobs:
+                delta.logprobs.append(token)
+        for seq in group.seqs:
+            if seq.is_finished:
+                by_index.setdefault(
+                    seq.index, SeqDelta(seq.index, [])
+                ).finish_reason = seq.finish_reason
     return RequestDelta(
         group.request_id,
         [by_index[i] for i in sorted(by_index)],
@@ -91,6 +100,7 @@ class SchedulerService:
         self._num_steps = 0
         self._kv_accountant = KVAccountant()
         self._kv_fractions: dict[str, float] = {}
+        self._preemptions = PreemptionLog()  # for the block map (KvStateRequest)
 
     async def run(self) -> int:
         ctx = zmq.asyncio.Context()
@@ -170,6 +180,8 @@ class SchedulerService:
                 update = self.scheduler.abort(message.request_id)
                 if update is not None:
                     await self._send(TokenDeltas([group_delta(update)], self._stats()))
+            elif isinstance(message, KvStateRequest):
+                await self._send(kv_snapshot(self.scheduler, self._preemptions))
             elif isinstance(message, Shutdown):
                 self._stopping.set()
 
@@ -196,7 +208,9 @@ class SchedulerService:
                 await self._work.wait()
                 continue
             t0 = time.perf_counter()
+            running_before, num_preemptions = list(scheduler.running), scheduler.num_preemptions
             plan = scheduler.schedule()
+            self._preemptions.note(running_before, num_preemptions, scheduler)
             t1 = time.perf_counter()
             self._result = asyncio.get_running_loop().create_future()
             self._awaited_step = plan.step_id

@@ -5,11 +5,16 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from shared.packed import pack_ints
 from shared.protocol import (
     AbortRequest,
     ExecutorHeartbeat,
     ExecutorReady,
     GenerateRequest,
+    KvRequestState,
+    KvState,
+    KvStateRequest,
+    PreemptionEvent,
     RequestDelta,
     SampledToken,
     ScheduledSeq,
@@ -72,6 +77,22 @@ EXAMPLES = [
     ),
     ExecutorHeartbeat(1234),
     Shutdown("bye"),
+    KvStateRequest(),
+    KvState(
+        1764420001.25,
+        16,
+        pack_ints([1, 2, 0]),
+        pack_ints([0, 0, -1]),
+        pack_ints([1]),
+        pack_ints([1]),
+        [],
+        [
+            KvRequestState("req-1", "running", 2, 20, 3, 2),
+            KvRequestState("req-2", "swapped", 1, 9, 4, 1),
+        ],
+        [PreemptionEvent(1764420000.75, "req-2", "swap")],
+        1,
+    ),  # fmt: skip
 ]
 
 

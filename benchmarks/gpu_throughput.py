@@ -1,0 +1,303 @@
+"""Throughput on a GPU: ours in-process, ours through `pagedserve serve`, transformers `generate`.
+
+Builds a random-weight Llama of a named shape on the device (nothing downloaded), saves it with
+a tokenizer, and runs two workloads for all three in one run: fixed (256 requests, 256 prompt
+tokens, 256 output tokens) and varied (prompt and output lengths uniform in 32-512, seeded).
+Greedy, `ignore_eos`, bf16. Writes tok/s, ms per step (CUDA-synchronised: the executor copies
+the sampled ids out once per step), the per-phase split, TTFT/TPOT of the served run and the
+device name.
+
+    python benchmarks/gpu_throughput.py --shape 1b --tokenizer DIR
+    python benchmarks/gpu_throughput.py --shape 8b --tokenizer DIR --skip-hf
+    python benchmarks/gpu_throughput.py --shape tiny --device cpu --num-requests 8 \\
+        --input-len 16 --output-len 8 --json /tmp/smoke.json        # a CPU smoke run
+
+--tokenizer names a Hugging Face tokenizer directory whose vocabulary covers the shape's (the
+SmolLM2 tokenizer for 1b; any for tiny, whose vocabulary is the test tokenizer's); the served
+run detokenizes with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.engine.llm_engine import LLMEngine  # noqa: E402
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig  # noqa: E402
+from shared.sampling import SamplingParams  # noqa: E402
+
+SHAPES = {
+    # TinyLlama-1.1B's shape with SmolLM2's vocabulary.
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+               num_attention_heads=32, num_key_value_heads=4, vocab_size=49152,
+               max_position_embeddings=2048, rope_theta=10000.0),
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+               max_position_embeddings=8192, rope_theta=500000.0),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=384,
+                 max_position_embeddings=2048, rope_theta=10000.0),
+}  # fmt: skip
+
+
+def build_model(shape: str, device: str, dtype: torch.dtype, tokenizer: Path, out: Path) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(out)
+    return out
+
+
+def workload(kind: str, args, vocab: int) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(0)
+    n = args.num_requests
+    if kind == "fixed":
+        in_lens, out_lens = [args.input_len] * n, [args.output_len] * n
+    else:
+        in_lens = [rng.randint(32, 512) for _ in range(n)]
+        out_lens = [rng.randint(32, 512) for _ in range(n)]
+    prompts = [[rng.randrange(3, vocab) for _ in range(k)] for k in in_lens]
+    return prompts, out_lens
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_in_process(model_dir: Path, args, prompts, out_lens) -> dict:
+    config = EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype=args.dtype, device=args.device),
+        cache=CacheConfig(kv_cache_bytes=int(args.kv_cache_gb * GiB)),
+        scheduler=SchedulerConfig(max_num_seqs=args.num_requests, max_num_batched_tokens=8192),
+    )
+    engine = LLMEngine(config)
+    engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    engine.stats.seconds.clear()
+    engine.stats.num_steps = 0
+    step_times: list[float] = []
+    decode_steps: list[float] = []
+    last = [time.perf_counter(), 0]  # time and batched-token count after the previous step
+
+    def on_step(e: LLMEngine) -> None:
+        now = time.perf_counter()
+        step_times.append(now - last[0])
+        new_tokens = e.stats.num_batched_tokens - last[1]
+        if new_tokens <= e.scheduler.num_running_seqs:  # one token per sequence: decode only
+            decode_steps.append(now - last[0])
+        last[0], last[1] = now, e.stats.num_batched_tokens
+
+    sampling = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in out_lens]
+    _sync(args.device)
+    start = time.perf_counter()
+    last[0] = start
+    outputs = engine.generate(prompts, sampling, on_step=on_step)
+    _sync(args.device)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    steps = engine.stats.num_steps
+    decode_steps.sort()
+    result = {
+        "output_tokens": tokens,
+        "seconds": elapsed,
+        "tok_per_s": tokens / elapsed,
+        "steps": steps,
+        "ms_per_step_mean": 1000 * elapsed / steps,
+        "ms_per_decode_step_median": 1000 * decode_steps[len(decode_steps) // 2]
+        if decode_steps
+        else None,
+        "phase_seconds": dict(engine.stats.seconds),
+    }
+    del engine
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _stream_all(url: str, model: str, prompts, out_lens) -> dict:
+    import aiohttp
+
+    ttft, tpot, tokens = [], [], 0
+
+    async def one(session, prompt, n) -> None:
+        nonlocal tokens
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        start = time.perf_counter()
+        first = None
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if event.get("choices") and first is None:
+                    first = time.perf_counter()
+                if event.get("usage"):
+                    tokens += event["usage"]["completion_tokens"]
+        end = time.perf_counter()
+        ttft.append(first - start)
+        if n > 1:
+            tpot.append((end - first) / (n - 1))
+
+    timeout = aiohttp.ClientTimeout(total=None)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(one(session, p, n) for p, n in zip(prompts, out_lens)))
+        elapsed = time.perf_counter() - start
+    ttft.sort()
+    tpot.sort()
+    return {
+        "output_tokens": tokens,
+        "seconds": elapsed,
+        "tok_per_s": tokens / elapsed,
+        "ttft_p50_s": ttft[len(ttft) // 2],
+        "ttft_p99_s": ttft[int(0.99 * (len(ttft) - 1))],
+        "tpot_p50_s": tpot[len(tpot) // 2] if tpot else None,
+    }
+
+
+def run_served(model_dir: Path, args, prompts, out_lens) -> dict:
+    port = _free_port()
+    argv = [sys.executable, "-m", "services.cli", "serve", "--model", str(model_dir),
+            "--port", str(port), "--dtype", args.dtype, "--device", args.device,
+            "--kv-cache-gb", str(args.kv_cache_gb), "--max-num-seqs", str(args.num_requests),
+            "--max-num-batched-tokens", "8192"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        line = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+            if line.startswith("pagedserve: ready"):
+                break
+        if not line.startswith("pagedserve: ready"):
+            raise RuntimeError(f"the server did not start (exit {proc.poll()})")
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(_stream_all(url, model_dir.name, [p[:8] for p in prompts[:2]], [4, 4]))
+        return asyncio.run(_stream_all(url, model_dir.name, prompts, out_lens))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run_transformers(model_dir: Path, args, prompts, out_lens) -> dict:
+    from transformers import LlamaForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
+    tokens = 0
+    _sync(args.device)
+    start = time.perf_counter()
+    for i in range(0, len(prompts), args.hf_batch_size):
+        batch = prompts[i : i + args.hf_batch_size]
+        lens = out_lens[i : i + args.hf_batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=args.device)
+        mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in batch], device=args.device
+        )
+        with torch.inference_mode():
+            model.generate(
+                ids, attention_mask=mask, do_sample=False, max_new_tokens=max(lens),
+                min_new_tokens=max(lens), eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+        tokens += sum(lens)  # only the tokens each request asked for count
+    _sync(args.device)
+    elapsed = time.perf_counter() - start
+    del model
+    return {"output_tokens": tokens, "seconds": elapsed, "tok_per_s": tokens / elapsed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--kv-cache-gb", type=float, default=40.0)
+    parser.add_argument("--hf-batch-size", type=int, default=64)
+    parser.add_argument("--workloads", nargs="+", default=["fixed", "varied"])
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--skip-served", action="store_true")
+    parser.add_argument("--json", default="benchmarks/results/gpu_throughput.json")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="pagedserve-gpu-bench-"))
+    try:
+        model_dir = build_model(
+            args.shape, args.device, getattr(torch, args.dtype), args.tokenizer, work / args.shape
+        )
+        vocab = SHAPES[args.shape]["vocab_size"]
+        results: dict = {}
+        for kind in args.workloads:
+            prompts, out_lens = workload(kind, args, vocab)
+            entry = {"in_process": run_in_process(model_dir, args, prompts, out_lens)}
+            if not args.skip_served:
+                entry["served"] = run_served(model_dir, args, prompts, out_lens)
+                entry["served_vs_in_process"] = (
+                    entry["served"]["tok_per_s"] / entry["in_process"]["tok_per_s"]
+                )
+            if not args.skip_hf:
+                entry["transformers"] = run_transformers(model_dir, args, prompts, out_lens)
+                entry["in_process_vs_transformers"] = (
+                    entry["in_process"]["tok_per_s"] / entry["transformers"]["tok_per_s"]
+                )
+            results[kind] = entry
+            print(kind, json.dumps(entry, indent=1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    record = {
+        "command": " ".join(["benchmarks/gpu_throughput.py", *sys.argv[1:]]),
+        "device": device,
+        "shape": {"name": args.shape, **SHAPES[args.shape]},
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "results": results,
+    }
+    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

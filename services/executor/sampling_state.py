@@ -1,0 +1,306 @@
+"""The executor's per-sequence sampling state and the step's SamplingBatch built from it.
+
+What a sequence has generated is learned from the tokens the plans feed it (a sampled token is
+fed back one step later, before the next draw), never from the sampler's own output. So penalty
+counts, grammar matchers and draw positions survive preemption by recompute (tokens already
+seen are skipped by position) and need no extra messages.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from services.executor.counter_rng import row_key
+from services.executor.sampler import PenaltyInputs, SamplerOutput, SamplingBatch
+from shared.protocol import SampledToken
+from shared.sampling import SamplingParams
+
+
+@dataclass
+class SeqSampling:
+    params: SamplingParams
+    seed: int  # the request's seed, or one drawn for it: every draw is keyed by it
+    sample_index: int  # which of the request's parallel samples
+    prompt_len: int | None = None  # known once the prompt is fed (the first draw)
+    num_seen: int = 0  # tokens (by position) already fed and recorded
+    penalty_slot: int | None = None  # row of the PenaltyTable, penalised sequences only
+    matcher: Any = None  # xgrammar.GrammarMatcher for structured output
+
+    @property
+    def num_outputs(self) -> int:
+        """Generated tokens so far (the next draw's position among the outputs)."""
+        return self.num_seen - self.prompt_len if self.prompt_len is not None else 0
+
+
+@dataclass
+class Draw:
+    """One token to draw this step."""
+
+    logits_row: int
+    seq_id: int
+
+
+class PenaltyTable:
+    """Per-sequence token counts on the device: [slots, vocab] outputs and prompt presence."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.output_counts = torch.zeros(0, vocab_size, dtype=torch.int32, device=device)
+        self.prompt_mask = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
+        self._free: list[int] = []
+
+    def acquire(self) -> int:
+        if not self._free:
+            old = self.output_counts.shape[0]
+            new = max(8, 2 * old)
+            counts = torch.zeros(new, self.vocab_size, dtype=torch.int32, device=self.device)
+            mask = torch.zeros(new, self.vocab_size, dtype=torch.bool, device=self.device)
+            counts[:old] = self.output_counts
+            mask[:old] = self.prompt_mask
+            self.output_counts, self.prompt_mask = counts, mask
+            self._free = list(range(new - 1, old - 1, -1))
+        return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        self.output_counts[slot] = 0
+        self.prompt_mask[slot] = False
+        self._free.append(slot)
+
+    def copy(self, src: int, dst: int) -> None:
+        self.output_counts[dst] = self.output_counts[src]
+        self.prompt_mask[dst] = self.prompt_mask[src]
+
+    def record(self, prompt: list[tuple[int, int]], outputs: list[tuple[int, int]]) -> None:
+        """Add (slot, token) pairs: one scatter per kind per step."""
+        if prompt:
+            slots, tokens = _pairs(prompt, self.device)
+            self.prompt_mask[slots, tokens] = True
+        if outputs:
+            slots, tokens = _pairs(outputs, self.device)
+            ones = torch.ones(len(outputs), dtype=torch.int32, device=self.device)
+            self.output_counts.index_put_((slots, tokens), ones, accumulate=True)
+
+
+def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, ...]:
+    both = torch.tensor(pairs, dtype=torch.int64).T.contiguous().to(device)
+    return both[0], both[1]
+
+
+class SamplingStates:
+    def __init__(
+        self,
+        vocab_size: int,
+        eos_token_ids: tuple[int, ...],
+        device: torch.device,
+        seed: int,
+        make_matcher: Callable[[tuple[str, str]], Any],
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.device = device
+        self.seqs: dict[int, SeqSampling] = {}
+        self.penalties = PenaltyTable(vocab_size, device)
+        self._seeds = random.Random(seed)  # seeds for requests that bring none
+        self._make_matcher = make_matcher
+        self._make_bitmask: Callable[[int], torch.Tensor] | None = None
+        self._pending_prompt: list[tuple[int, int]] = []
+        self._pending_outputs: list[tuple[int, int]] = []
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.seqs
+
+    def add(self, seq_id: int, params: SamplingParams) -> None:
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        state = SeqSampling(params, seed, 0)
+        if params.has_penalties:
+            state.penalty_slot = self.penalties.acquire()
+        if params.guided is not None:
+            state.matcher = self._make_matcher(params.guided)
+        self.seqs[seq_id] = state
+
+    def forget(self, seq_id: int) -> None:
+        state = self.seqs.pop(seq_id, None)
+        if state is not None and state.penalty_slot is not None:
+            self.penalties.release(state.penalty_slot)
+
+    def fork(self, parent_id: int, child_id: int, sample_index: int) -> None:
+        """A parallel sample: the parent's history (so far only its prompt), its own draws."""
+        parent = self.seqs[parent_id]
+        child = replace(parent, sample_index=sample_index, penalty_slot=None, matcher=None)
+        if parent.penalty_slot is not None:
+            self._flush()
+            child.penalty_slot = self.penalties.acquire()
+            self.penalties.copy(parent.penalty_slot, child.penalty_slot)
+        if parent.matcher is not None:
+            child.matcher = parent.matcher.fork()
+        self.seqs[child_id] = child
+
+    def observe(self, seq_id: int, token_ids: list[int], start_pos: int, samples: bool) -> None:
+        """Record the tokens a plan feeds a sequence (prompt chunks, recompute, last token)."""
+        state = self.seqs[seq_id]
+        end = start_pos + len(token_ids)
+        if state.prompt_len is None and samples:
+            state.prompt_len = end  # a sequence first samples when its whole prompt is in
+        first_new = max(start_pos, state.num_seen)
+        if first_new < end:
+            fresh = token_ids[first_new - start_pos :]
+            prompt_end = state.prompt_len if state.prompt_len is not None else end
+            split = max(0, min(len(fresh), prompt_end - first_new))
+            prompt, outputs = fresh[:split], fresh[split:]
+            slot = state.penalty_slot
+            if slot is not None:
+                self._pending_prompt.extend((slot, t) for t in prompt)
+                self._pending_outputs.extend((slot, t) for t in outputs)
+            if state.matcher is not None:
+                for token in outputs:
+                    state.matcher.accept_token(token)
+            state.num_seen = end
+
+    def _flush(self) -> None:
+        self.penalties.record(self._pending_prompt, self._pending_outputs)
+        self._pending_prompt, self._pending_outputs = [], []
+
+    def build(self, draws: list[Draw]) -> SamplingBatch:
+        """The step's per-row parameters as device tensors."""
+        self._flush()
+        states = [self.seqs[d.seq_id] for d in draws]
+        params = [s.params for s in states]
+        vocab = self.vocab_size
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        used_k = [k for k in top_k if k < vocab]
+        floats = torch.tensor(
+            [
+                [0.0 if p.greedy else p.temperature for p in params],
+                [p.top_p if p.top_p < 1.0 else float("inf") for p in params],
+                [p.min_p for p in params],
+            ],
+            dtype=torch.float32,
+        )
+        ints = torch.tensor(
+            [
+                [d.logits_row for d in draws],
+                top_k,
+                [row_key(s.seed, s.sample_index, s.num_outputs) for s in states],
+            ],
+            dtype=torch.int64,
+        )
+        floats, ints = _to_device(floats, self.device), _to_device(ints, self.device)
+        asked = [p.logprobs or 0 for p in params if p.wants_logprob]
+        batch = SamplingBatch(
+            logits_rows=ints[0],
+            temperature=floats[0],
+            top_k=ints[1],
+            max_top_k=max(used_k, default=1),
+            top_p=floats[1],
+            min_p=floats[2],
+            rng_keys=ints[2],
+            all_greedy=all(p.greedy for p in params),
+            use_top_k=bool(used_k),
+            use_top_p=any(p.top_p < 1.0 for p in params),
+            use_min_p=any(p.min_p > 0.0 for p in params),
+            num_logprobs=max(asked) if asked else -1,
+        )
+        self._add_penalties(batch, states)
+        self._add_edits(batch, states)
+        self._add_grammar(batch, states)
+        return batch
+
+    def _add_penalties(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
+        rows = [i for i, s in enumerate(states) if s.penalty_slot is not None]
+        if not rows:
+            return
+        slots = torch.tensor([states[i].penalty_slot for i in rows], device=self.device)
+        values = torch.tensor(
+            [
+                [states[i].params.presence_penalty for i in rows],
+                [states[i].params.frequency_penalty for i in rows],
+                [states[i].params.repetition_penalty for i in rows],
+            ],
+            dtype=torch.float32,
+        )
+        values = _to_device(values, self.device)
+        batch.penalties = PenaltyInputs(
+            rows=torch.tensor(rows, device=self.device),
+            output_counts=self.penalties.output_counts.index_select(0, slots),
+            prompt_mask=self.penalties.prompt_mask.index_select(0, slots),
+            presence=values[0],
+            frequency=values[1],
+            repetition=values[2],
+        )
+
+    def _add_edits(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
+        """logit_bias, and -inf on eos and stop tokens for rows still short of min_tokens."""
+        rows: list[int] = []
+        tokens: list[int] = []
+        values: list[float] = []
+        for i, state in enumerate(states):
+            p = state.params
+            for token, bias in p.logit_bias:
+                rows.append(i)
+                tokens.append(token)
+                values.append(bias)
+            if state.num_outputs < p.min_tokens:
+                banned = set(p.stop_token_ids)
+                if not p.ignore_eos:
+                    banned.update(self.eos_token_ids)
+                for token in sorted(banned):
+                    rows.append(i)
+                    tokens.append(token)
+                    values.append(float("-inf"))
+        if rows:
+            batch.edit_rows = torch.tensor(rows, device=self.device)
+            batch.edit_tokens = torch.tensor(tokens, device=self.device)
+            batch.edit_values = torch.tensor(values, dtype=torch.float32, device=self.device)
+
+    def _add_grammar(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
+        rows = [i for i, s in enumerate(states) if s.matcher is not None]
+        if not rows:
+            return
+        import xgrammar
+
+        bitmask = xgrammar.allocate_token_bitmask(len(states), self.vocab_size)
+        for i in rows:
+            states[i].matcher.fill_next_token_bitmask(bitmask, i)
+        batch.grammar_bitmask = bitmask
+        batch.grammar_rows = rows
+
+    def results(self, draws: list[Draw], output: SamplerOutput) -> list[SampledToken]:
+        """Copy the step's draws to the host (the step's one synchronisation) as records."""
+        tensors = [output.token_ids, output.logprobs, output.top_ids, output.top_logprobs]
+        host = _to_host([t for t in tensors if t is not None])
+        token_ids = host[0].tolist()
+        chosen = host[1].tolist() if output.logprobs is not None else None
+        top_ids = host[2].tolist() if output.top_ids is not None else None
+        top_values = host[3].tolist() if output.top_ids is not None else None
+        tokens = []
+        for i, draw in enumerate(draws):
+            p = self.seqs[draw.seq_id].params
+            token = SampledToken(draw.seq_id, token_ids[i])
+            if p.wants_logprob and chosen is not None:
+                token.logprob = chosen[i]
+                k = p.logprobs or 0
+                if k and top_ids is not None:
+                    token.top_logprobs = list(zip(top_ids[i][:k], top_values[i][:k]))
+            tokens.append(token)
+        return tokens
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type != "cuda":
+        return tensor.to(device)
+    # Pinned source (from torch's caching host allocator): the copy does not block the host.
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def _to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    if not tensors or tensors[0].device.type != "cuda":
+        return [t.cpu() for t in tensors]
+    host = [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned buffers
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return host

