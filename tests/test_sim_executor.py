@@ -60,6 +60,8 @@ def test_opt13b_on_a100_at_the_papers_scale():
     assert [t.token_id for t in result.tokens] == [3]
     assert result.timings["sim"] == pytest.approx(cost.seconds + gpu.step_overhead_s)
     assert executor.clock_s == result.timings["sim"]
+    assert executor.ranks_alive()
+    executor.close()  # the executor service and the engine call both
     with pytest.raises(ValueError, match="unknown sim GPU"):
         SimExecutor(EngineConfig(executor="sim", sim=SimConfig(gpu="tpu")))
 

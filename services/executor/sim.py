@@ -54,6 +54,12 @@ class SimExecutor:
             eos_token_ids=(self.model.eos_token_id,),
         )
 
+    def ranks_alive(self) -> bool:
+        return True  # one simulated rank, always there
+
+    def close(self) -> None:
+        """Nothing to stop: the simulator has no other ranks."""
+
     def execute(self, plan: StepPlan) -> StepResult:
         seconds = step_cost(plan, self.gpu, self.model, self.block_size, self.overhead_s).seconds
         self.clock_s += seconds
