@@ -245,26 +245,30 @@ def _sustainable(curves: dict[str, list[dict]], bound: float) -> tuple[dict, dic
 def run_serve(args: argparse.Namespace) -> int:
     rates = sorted(float(r) for r in args.rates.split(","))
     labels = ["server"] if args.url else args.kv_policies
-    curves: dict[str, list[dict]] = {}
+    curves: dict[str, list[dict]] = {label: [] for label in labels}
+    headline_bound = float(args.latency_bound.split(",")[0])
     setup = trace_info = None
-    for index, label in enumerate(labels):
-        server = None
+    servers = {}
+    try:
         if args.launch:
             from services.bench.server import Server
 
-            server = Server(args, label, args.port + index)
-            server.wait_ready()
-        try:
-            points = curves.setdefault(label, [])
-            for rate in rates:
-                headline_bound = float(args.latency_bound.split(",")[0])
+            # All servers up at once (idle ones cost only heartbeats), so that each rate runs
+            # every policy back to back: drift in a shared machine's load hits them alike.
+            for index, label in enumerate(labels):
+                servers[label] = Server(args, label, args.port + index)
+            for server in servers.values():
+                server.wait_ready()
+        for rate in rates:
+            for label in labels:
+                points = curves[label]
                 last = points[-1].get("normalized_latency_s", math.inf) if points else 0.0
                 if last > args.stop_factor * headline_bound:
-                    break  # far past the knee: higher rates only take longer
-                if args.url or server is not None:
-                    url = args.url or server.url
+                    continue  # far past the knee: higher rates only take longer
+                if args.url or args.launch:
                     from services.bench.http_load import run_load
 
+                    url = args.url or servers[label].url
                     trace = _trace(args, rate, args.vocab_size)
                     records, duration = asyncio.run(
                         run_load(url, trace, args.api_key, args.progress)
@@ -286,9 +290,9 @@ def run_serve(args: argparse.Namespace) -> int:
                 )
                 points.append(summary)
                 print(_row(label, summary), flush=True)
-        finally:
-            if server is not None:
-                server.stop()
+    finally:
+        for server in servers.values():
+            server.stop()
     bounds = [float(b) for b in args.latency_bound.split(",")]
     bound = bounds[0]
     sustainable_by_bound, ratios_by_bound = {}, {}
