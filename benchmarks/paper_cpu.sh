@@ -11,5 +11,6 @@ $PS bench memory --num-threads 2 --block-size 4 --num-device-blocks 96 --max-mod
     --json $OUT/memory_cpu_sharegpt.json --plot $OUT/memory_cpu_sharegpt.png
 $PS bench serve --launch --num-threads 2 --block-size 4 --num-device-blocks 32 --max-model-len 64 \
     --length-scale 0.05 --trace sharegpt --num-requests 8 --no-progress \
-    --kv-policy paged --kv-policy orca-max --rates 0.1,0.3 --latency-bound 8,4,16 \
+    --kv-policy paged --kv-policy orca-oracle --kv-policy orca-max --rates 0.1,0.3,0.6 \
+    --latency-bound 8,4,16 \
     --stop-factor 100 --json $OUT/serve_cpu_sharegpt.json --plot $OUT/serve_cpu_sharegpt.png
