@@ -16,3 +16,10 @@ $PS bench serve $SIM --trace sharegpt --num-requests 1000 --no-progress \
 $PS bench serve $SIM --trace alpaca --num-requests 2000 --no-progress \
     --rates 1,2,3,4,6,8,12,16,24,32,48,64,96,128,160,192,256,320 --latency-bound 0.1,0.05,0.2 \
     --json $OUT/serve_sim_alpaca.json --plot $OUT/serve_sim_alpaca.png
+# Sensitivity of the ShareGPT-like result to the assumed per-step overhead (default 5 ms).
+for MS in 0 20; do
+  $PS bench serve $SIM --sim-overhead-ms $MS --trace sharegpt --num-requests 1000 --no-progress \
+      --kv-policy paged --kv-policy orca-oracle --kv-policy orca-max \
+      --rates 0.5,0.75,1,1.5,2,2.5,3,3.5,4,4.5,5 --latency-bound 0.1,0.05,0.2 \
+      --json $OUT/serve_sim_sharegpt_overhead${MS}ms.json
+done
