@@ -131,6 +131,12 @@ class SchedulerStats:
     step_executor_s: float = 0.0  # last step: the executor's own time (plan in, result out)
     step_roundtrip_s: float = 0.0  # last step: plan sent -> result received, as seen by scheduler
     executor_alive: bool = True  # the executor's heartbeat is fresh
+    kv_policy: str = "paged"  # the KV allocation policy
+    # Device KV slots by kind (token_states, reserved, internal_fragmentation,
+    # external_fragmentation, free) as fractions of the pool: after the last step, and averaged
+    # over the time since start (weighted by step duration).
+    kv_fractions: dict[str, float] = field(default_factory=dict)
+    kv_fractions_avg: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

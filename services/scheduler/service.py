@@ -17,6 +17,7 @@ import zmq
 import zmq.asyncio
 
 from services.engine.args import add_engine_args, engine_config_from_args
+from services.scheduler.kv_accounting import KVAccountant, kv_breakdown
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from shared.config import EngineConfig
@@ -97,6 +98,8 @@ class SchedulerService:
         self._awaited_step: int | None = None  # the step whose result _results may deliver
         self._crashed = False
         self._num_steps = 0
+        self._kv_accountant = KVAccountant()
+        self._kv_fractions: dict[str, float] = {}
         self._preemptions = PreemptionLog()  # for the block map (KvStateRequest)
 
     async def run(self) -> int:
@@ -217,6 +220,9 @@ class SchedulerService:
             t3 = time.perf_counter()
             self._num_steps += 1
             self._last_step = ((t1 - t0) + (t3 - t2), sum(result.timings.values()), t2 - t1)
+            breakdown = kv_breakdown(scheduler)
+            self._kv_fractions = breakdown.fractions()
+            self._kv_accountant.add(breakdown, t2 - t1)
             if self._plan_log is not None:
                 self._log_step(plan, updates)
             await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
@@ -287,6 +293,9 @@ class SchedulerService:
             step_executor_s=executor_s,
             step_roundtrip_s=roundtrip_s,
             executor_alive=self._executor_alive(),
+            kv_policy=self.config.scheduler.kv_policy,
+            kv_fractions=self._kv_fractions,
+            kv_fractions_avg=self._kv_accountant.averages(),
         )
 
 
