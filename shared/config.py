@@ -109,7 +109,7 @@ class SimConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Tensor parallelism: the executor as tensor_parallel_size ranks joined by torch.distributed."""
+    """Tensor parallelism: the executor as tensor_parallel_size ranks (torch.distributed)."""
 
     tensor_parallel_size: int = 1
     master_addr: str = "127.0.0.1"  # where rank 0 listens for the other ranks
