@@ -83,12 +83,13 @@ class SamplingParams:
         if self.guided is not None:
             _check_guided(self.guided)
             object.__setattr__(self, "guided", tuple(self.guided))
-            if self.ignore_eos:
-                raise InvalidRequestError(
-                    "ignore_eos cannot be combined with structured output: the grammar ends "
-                    "the output with the end-of-sequence token",
-                    param="ignore_eos",
-                )
+            for name in ("ignore_eos", "min_tokens"):
+                if getattr(self, name):
+                    raise InvalidRequestError(
+                        f"{name} cannot be combined with structured output: the grammar decides "
+                        "when the output ends (with the end-of-sequence token)",
+                        param=name,
+                    )
 
     @property
     def greedy(self) -> bool:

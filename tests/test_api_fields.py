@@ -71,6 +71,9 @@ def test_penalties_bias_min_fields_and_best_of_reach_the_sampling_params(tokeniz
         ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"guided_json": SCHEMA, "ignore_eos": True}, "ignore_eos"),
+        ({"guided_regex": "a+", "min_tokens": 2}, "min_tokens"),
+        ({"stop_token_ids": [384]}, "stop_token_ids"),  # outside the vocabulary
+        ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit to isdigit(), not to int()
     ],
 )
 def test_bad_values_are_refused_by_name(tokenizer, fields, param):
@@ -86,6 +89,8 @@ def test_bad_values_are_refused_by_name(tokenizer, fields, param):
         ({"use_beam_search": True}, "use_beam_search"),
         ({"echo": True}, "echo"),
         ({"audio": {"voice": "x"}}, "audio"),
+        ({"add_generation_prompt": False}, "add_generation_prompt"),
+        ({"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
     ],
 )
 def test_known_but_unsupported_chat_fields_get_a_400_naming_them(tokenizer, fields, param):

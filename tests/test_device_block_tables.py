@@ -23,3 +23,13 @@ def test_appends_replacements_and_reused_slots_give_exact_rows():
     assert tables.rows([12, 13, 11]).tolist()[0][:1] == [8]
     assert tables.rows([13, 11]).tolist() == [[1, 6, 6], [2, 3, 0]]
     assert 10 not in tables and 13 in tables and tables.length(13) == 3
+
+
+def test_a_forgotten_sequence_queued_writes_never_reach_the_next_owner():
+    tables = DeviceBlockTables(max_blocks_per_seq=4, device=torch.device("cpu"), slots=1)
+    tables.update(1, [5, 6, 7], replace=True)  # queued; the step then failed, never applied
+    tables.forget(1)
+    tables.update(2, [9], replace=True)  # same slot
+    tables.update(2, [3], replace=True)  # replaced again before the next step: last one wins
+    assert tables.rows([2]).tolist() == [[3]]
+    assert tables.table[0, :3].tolist() == [3, 0, 0]

@@ -247,3 +247,15 @@ def test_counter_uniforms_match_the_scalar_definition():
             assert values[row, v].item() == uniform_reference(keys[row].item(), v)
     assert 0.0 < values.min().item() and values.max().item() < 1.0
     assert abs(values.mean().item() - 0.5) < 0.02
+
+
+def test_a_forgotten_sequence_leaves_no_penalty_pairs_to_the_next_owner_of_its_slot():
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.2)
+    states = _states([])
+    states.add(1, params)
+    states.observe(1, [10, 11, 12], 0, samples=False)  # a prompt chunk: no draw, pairs queued
+    states.forget(1)
+    states.add(2, params)  # takes the freed slot
+    states.observe(2, [30, 31], 0, samples=True)
+    batch = states.build([Draw(0, 2)])
+    assert batch.penalties.prompt_mask[0].nonzero().flatten().tolist() == [30, 31]

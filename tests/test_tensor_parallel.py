@@ -81,3 +81,23 @@ def test_a_dead_rank_fails_the_step_and_ends_its_requests(tmp_path, prompts):
         )
     finally:
         engine.close()
+
+
+def test_a_failed_step_on_rank_0_stops_the_sharded_executor(tmp_path, prompts, monkeypatch):
+    # The other rank may be waiting in a collective rank 0 will never issue: no way to go on.
+    model_dir = make_tiny_llama(tmp_path / "m", seed=4)
+    engine = LLMEngine(_parallel(engine_config(model_dir), 2))
+    try:
+        monkeypatch.setattr(engine.executor.sampling, "build", _raise)
+        engine.add_request(prompts[2], SamplingParams(max_tokens=5))
+        finished = [u for u in engine.step() if u.finished]
+        assert [u.group.seqs[0].finish_reason for u in finished] == ["error"]
+        assert not engine.executor.ranks_alive()
+        start = time.monotonic()
+    finally:
+        engine.close()
+    assert time.monotonic() - start < 20  # the waiting rank is stopped, not waited for
+
+
+def _raise(*args, **kwargs):
+    raise RuntimeError("injected failure on rank 0")

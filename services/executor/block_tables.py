@@ -54,11 +54,16 @@ class DeviceBlockTables:
         if slot is not None:
             self._length.pop(seq_id)
             self._free.append(slot)
+            # Writes still queued for it (a step that failed) must not reach its next owner.
+            self._writes = [w for w in self._writes if w[0] != slot]
 
     def rows(self, seq_ids: list[int]) -> torch.Tensor:
         """[len(seq_ids), max blocks among them] int64 on the device, after pending writes."""
         if self._writes:
-            writes = torch.tensor(self._writes, dtype=torch.int64).T.to(self.device)
+            # One value per cell: a scatter with repeated indices has no defined winner on a GPU.
+            last = {(slot, col): block for slot, col, block in self._writes}
+            flat = [(slot, col, block) for (slot, col), block in last.items()]
+            writes = torch.tensor(flat, dtype=torch.int64).T.to(self.device)
             self.table[writes[0], writes[1]] = writes[2]
             self._writes = []
         width = max(max((self._length[s] for s in seq_ids), default=0), 1)

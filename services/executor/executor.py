@@ -59,11 +59,13 @@ class Executor:
         size = config.parallel.tensor_parallel_size
         # Refused before any rank starts: a bad split must fail here, not hang a collective.
         check_divisible(LlamaSpec.from_hf_config(hf_config), size)
-        if self.device.type == "cuda" and size > torch.cuda.device_count():
+        external = config.parallel.external_workers
+        if self.device.type == "cuda" and not external and size > torch.cuda.device_count():
             raise ValueError(
                 f"tensor-parallel size {size} exceeds the {torch.cuda.device_count()} CUDA devices"
             )
         self._workers: list[subprocess.Popen] = []
+        self._broken = False
         self.shard = self._join_ranks(config, rank) if size > 1 else Shard()
         # Plans travel between ranks as tensors on the collective backend's device.
         self._comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
@@ -109,8 +111,9 @@ class Executor:
         )
 
     def ranks_alive(self) -> bool:
-        """False once a locally started rank has exited (the executor cannot go on)."""
-        return all(worker.poll() is None for worker in self._workers)
+        """False once a locally started rank has exited or a step failed on this rank (the
+        ranks' collectives can no longer be matched): the executor cannot go on."""
+        return not self._broken and all(worker.poll() is None for worker in self._workers)
 
     def follow(self) -> None:
         """Ranks 1..: run each plan rank 0 broadcasts, until it broadcasts the stop."""
@@ -118,7 +121,9 @@ class Executor:
             payload = broadcast_bytes(self.shard, None, self._comm_device)
             if not payload:
                 break
-            self.execute(wire.decode(payload))
+            # Unlike rank 0, a failure here is not survivable: raised, it ends this rank, which
+            # rank 0 sees (a closed connection in its next collective, then ranks_alive()).
+            self._execute(wire.decode(payload))
         torch.distributed.destroy_process_group()
 
     def close(self) -> None:
@@ -127,9 +132,12 @@ class Executor:
             return
         if not torch.distributed.is_initialized():
             return
-        if self.ranks_alive():
+        healthy = self.ranks_alive()
+        if healthy:
             broadcast_bytes(self.shard, b"", self._comm_device)
         for worker in self._workers:
+            if not healthy:  # it may be waiting in a collective that will never complete
+                worker.kill()
             try:
                 worker.wait(30)
             except subprocess.TimeoutExpired:
@@ -163,6 +171,11 @@ class Executor:
             return self._execute(plan)
         except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which ends requests
             traceback.print_exc()
+            if self.shard.size > 1:
+                # The other ranks may now wait in a collective this rank will never issue: the
+                # group is out of step for good. The executor stops (ranks_alive() turns False)
+                # and is replaced like any dead executor.
+                self._broken = True
             return StepResult(plan.step_id, [], error=f"{type(exc).__name__}: {exc}")
 
     def _execute(self, plan: StepPlan) -> StepResult:
@@ -231,12 +244,9 @@ def _device(name: str, rank: int = 0) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was asked for, but torch sees no CUDA device")
     if name == "cuda":
-        if rank >= torch.cuda.device_count():  # local ranks: one device each
-            raise ValueError(
-                f"tensor-parallel rank {rank} needs a CUDA device, "
-                f"but this machine has {torch.cuda.device_count()}"
-            )
-        return torch.device("cuda", rank)
+        # Ranks of one machine take one device each; ranks spread over machines started by
+        # hand wrap around each machine's devices (rank 1 alone on a one-GPU machine: cuda:0).
+        return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device(name)
 
 

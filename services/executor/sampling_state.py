@@ -127,6 +127,7 @@ class SamplingStates:
     def forget(self, seq_id: int) -> None:
         state = self.seqs.pop(seq_id, None)
         if state is not None and state.penalty_slot is not None:
+            self._flush()  # queued pairs of this slot must land before it is cleared and reused
             self.penalties.release(state.penalty_slot)
 
     def fork(self, parent_id: int, child_id: int, sample_index: int) -> None:
@@ -250,7 +251,7 @@ class SamplingStates:
                 banned = set(p.stop_token_ids)
                 if not p.ignore_eos:
                     banned.update(self.eos_token_ids)
-                for token in sorted(banned):
+                for token in sorted(t for t in banned if t < self.vocab_size):
                     rows.append(i)
                     tokens.append(token)
                     values.append(float("-inf"))

@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     executor = Executor(config, resolve_model(config.model.model), rank=args.rank)
     try:
         executor.follow()
-    except RuntimeError as exc:  # rank 0 went away mid-collective
-        log.error("rank %d stops: %s", args.rank, str(exc).splitlines()[0])
+    except Exception as exc:  # noqa: BLE001 - a failed step, or rank 0 gone mid-collective
+        log.error("rank %d stops: %s", args.rank, (str(exc).splitlines() or [repr(exc)])[0])
         return 1
     return 0
 

@@ -207,9 +207,12 @@ def _sampling(
             param="best_of",
         )
     stop_ids = body.get("stop_token_ids")
-    if stop_ids is not None and not isinstance(stop_ids, list):
+    vocab = info.executor.vocab_size
+    if stop_ids is not None and not (
+        isinstance(stop_ids, list) and all(_is_int(t) and 0 <= t < vocab for t in stop_ids)
+    ):
         raise InvalidRequestError(
-            "stop_token_ids must be a list of integers", param="stop_token_ids"
+            f"stop_token_ids must be a list of token ids in [0, {vocab})", param="stop_token_ids"
         )
     bias = body.get("logit_bias")
     if bias is not None:
@@ -241,7 +244,7 @@ def _check_logit_bias(bias: Any, vocab_size: int) -> None:
     if not isinstance(bias, dict):
         raise InvalidRequestError("logit_bias must map token ids to numbers", param="logit_bias")
     for key in bias:
-        if not (isinstance(key, str) and key.isdigit() and int(key) < vocab_size):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab_size):
             raise InvalidRequestError(
                 f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
                 param="logit_bias",

@@ -91,6 +91,12 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "guided_whitespace_pattern": (None,),
     "prompt_logprobs": (None,),
     "echo@chat": (None, False),  # echo is a completions field; vLLM's chat echo is not ours
+    "allowed_token_ids": (None, []),
+    "bad_words": (None, []),
+    "truncate_prompt_tokens": (None,),
+    "add_generation_prompt@chat": (None, True),
+    "continue_final_message@chat": (None, False),
+    "chat_template_kwargs@chat": (None, {}),
 }
 
 # Fields that change nothing we compute (bookkeeping for OpenAI's platform): accepted.

@@ -91,13 +91,16 @@ class Scheduler:
             )
         if sampling.guided is not None:
             check_spec(*sampling.guided)
-        for token_id, _ in sampling.logit_bias:
-            if token_id >= self.vocab_size:
-                raise InvalidRequestError(
-                    f"logit_bias token id {token_id} is outside the vocabulary "
-                    f"[0, {self.vocab_size})",
-                    param="logit_bias",
-                )
+        fields = [("logit_bias", [t for t, _ in sampling.logit_bias])]
+        fields.append(("stop_token_ids", list(sampling.stop_token_ids)))
+        for param, token_ids in fields:
+            for token_id in token_ids:
+                if token_id >= self.vocab_size:
+                    raise InvalidRequestError(
+                        f"{param} token id {token_id} is outside the vocabulary "
+                        f"[0, {self.vocab_size})",
+                        param=param,
+                    )
         seq = Sequence(self._new_seq_id(), 0, list(prompt_token_ids), len(prompt_token_ids))
         group = SequenceGroup(request_id, self._next_arrival, sampling, [seq])
         self._next_arrival += 1
