@@ -19,6 +19,7 @@ import zmq.asyncio
 from services.engine.args import add_engine_args, engine_config_from_args
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
+from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
 from shared.ipc import Addresses, add_address_args, addresses_from_args, make_socket, recv, send
@@ -199,29 +200,26 @@ class SchedulerService:
 
     async def _steps(self) -> None:
         scheduler = self.scheduler
+        loop = StepLoop(scheduler)
         while True:
             if not scheduler.has_unfinished():
                 self._work.clear()
                 await self._work.wait()
                 continue
-            t0 = time.perf_counter()
             running_before, num_preemptions = list(scheduler.running), scheduler.num_preemptions
-            plan = scheduler.schedule()
+            plan = loop.plan()
             self._preemptions.note(running_before, num_preemptions, scheduler)
-            t1 = time.perf_counter()
             self._result = asyncio.get_running_loop().create_future()
             self._awaited_step = plan.step_id
+            t1 = time.perf_counter()
             result = await self._run_plan(plan)
             t2 = time.perf_counter()
-            updates = scheduler.update(result)
-            t3 = time.perf_counter()
-            self._num_steps += 1
-            self._last_step = ((t1 - t0) + (t3 - t2), sum(result.timings.values()), t2 - t1)
+            updates = loop.finish(plan, result)  # raises (the task dies) when nothing moved
+            self._num_steps = loop.num_steps
+            self._last_step = (loop.schedule_s, sum(result.timings.values()), t2 - t1)
             if self._plan_log is not None:
                 self._log_step(plan, updates)
             await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
-            if not plan.seqs and not updates:
-                await asyncio.sleep(0.005)  # nothing runnable right now; do not spin
 
     async def _run_plan(self, plan) -> StepResult:
         """Send the plan and await its result; a silent executor fails the step instead of
