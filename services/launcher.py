@@ -48,6 +48,8 @@ class Stack:
             gateway += ["--api-key", args.api_key]
         if args.max_queued_requests is not None:
             gateway += ["--max-queued-requests", str(args.max_queued_requests)]
+        if args.request_timeout is not None:
+            gateway += ["--request-timeout", str(args.request_timeout)]
         name = ["--model-name", model_name(args.model)]
         if args.plan_log:
             name += ["--plan-log", args.plan_log]

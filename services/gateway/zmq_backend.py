@@ -37,6 +37,10 @@ class ZmqBackend:
         self._stats: SchedulerStats | None = None
         self._last_seen = 0.0
         self._queues: dict[str, asyncio.Queue[RequestDelta | BackendGone]] = {}
+        # Sent but not yet acknowledged: the scheduler's num_waiting does not count these yet.
+        # Dropped in the same reader step that takes the stats carrying their ack, so a request
+        # is never counted twice (in transit and waiting) nor not at all.
+        self._unacked: set[str] = set()
         self._reader: asyncio.Task | None = None
         self._kv_states = KvStateCache(self._request_kv_state)
 
@@ -70,9 +74,14 @@ class ZmqBackend:
     def stats(self) -> SchedulerStats | None:
         return self._stats
 
+    @property
+    def num_in_transit(self) -> int:
+        return len(self._unacked)
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestDelta]:
         queue: asyncio.Queue[RequestDelta | BackendGone] = asyncio.Queue()
         self._queues[request.request_id] = queue
+        self._unacked.add(request.request_id)
         try:
             async with self._send_lock:
                 await send(self._requests, request)
@@ -90,6 +99,7 @@ class ZmqBackend:
                     return
         finally:
             self._queues.pop(request.request_id, None)
+            self._unacked.discard(request.request_id)
 
     def fail_all(self, reason: str) -> None:
         """End every open stream with BackendGone (the gateway is shutting down)."""
@@ -117,6 +127,7 @@ class ZmqBackend:
                 if self.stats_log is not None and message.deltas:
                     self.stats_log.append(message.stats)
                 for delta in message.deltas:
+                    self._unacked.discard(delta.request_id)
                     queue = self._queues.get(delta.request_id)
                     if queue is not None:
                         queue.put_nowait(delta)
