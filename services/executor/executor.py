@@ -169,7 +169,7 @@ class Executor:
                         f"plan schedules unknown sequence {seq.seq_id} without sampling"
                     )
                 if driver:
-                    self.sampling.add(seq.seq_id, seq.sampling)
+                    self.sampling.add(seq.seq_id, seq.sampling, seq.sample_index, seq.prompt_len)
             if seq.replace_table or seq.seq_id not in self.block_tables:
                 self.block_tables[seq.seq_id] = list(seq.block_ids)
             else:

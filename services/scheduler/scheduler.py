@@ -136,6 +136,30 @@ class Scheduler:
             self._finish(group, seq, "abort")
         return GroupUpdate(group, finished=True)
 
+    def requeue_all(self, ready: ExecutorReady) -> None:
+        """A new executor with empty pools replaced a dead one: every unfinished group is
+        recomputed from its prompt and the tokens it has emitted, in arrival order.
+
+        The plan in flight is forgotten (its tokens were never reported). Sequences are announced
+        again, with their sample index and prompt length, so the new executor's seeded draws
+        repeat the old one's.
+        """
+        groups = sorted([*self.running, *self.swapped, *self.waiting], key=lambda g: g.arrival)
+        self.block_manager = BlockManager(
+            ready.block_size, ready.num_device_blocks, ready.num_cpu_blocks
+        )
+        for group in groups:
+            for seq in group.live_seqs():
+                seq.num_computed_tokens = 0
+                seq.announced = False
+            if group.forked and len(group.seqs) < group.sampling.num_samples:
+                group.forked = False  # the fork step was lost with the executor: fork again
+            group.set_status(SeqStatus.WAITING)
+        self.running, self.swapped, self.waiting = [], [], deque(groups)
+        self._inflight.clear()
+        self._inflight_victims.clear()
+        self._freed_seq_ids = []  # the new executor knows none of them
+
     def has_unfinished(self) -> bool:
         return bool(self.groups)
 
@@ -393,6 +417,8 @@ class Scheduler:
                     sample=end == seq.num_tokens,
                     fork_seq_ids=entry.fork_seq_ids,
                     sampling=None if seq.announced else entry.group.sampling,
+                    sample_index=seq.index,
+                    prompt_len=None if seq.announced else seq.prompt_len,
                 )
             )
             seq.announced = True
