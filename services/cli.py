@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(serve)
     add_gateway_args(serve)
     serve.add_argument("--plan-log", default=None, help="scheduler: append one JSON line per step")
+    from services.restart_budget import add_restart_args
+
+    add_restart_args(serve)
 
     args = parser.parse_args(argv)
     if args.command == "serve":

@@ -110,7 +110,12 @@ async def _model(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    if not request.app[STATE].backend.ready:
+    backend = request.app[STATE].backend
+    if getattr(backend, "degraded", False):
+        # Still serving (requests queue for the new executor), but not at full health.
+        error = ServiceUnavailableError("a dead executor is being replaced", code="degraded")
+        return web.json_response({"status": "degraded", **error.to_dict()}, status=503)
+    if not backend.ready:
         error = ServiceUnavailableError("the model server is not ready", code="not_ready")
         return web.json_response(error.to_dict(), status=error.http_status)
     return web.json_response({"status": "ok"})

@@ -35,7 +35,9 @@ class GatewayState:
 
     def require_info(self) -> SchedulerReady:
         info = self.backend.info
-        if not self.backend.ready or info is None:
+        # While a dead executor is replaced, new requests queue like the ones in flight.
+        usable = self.backend.ready or getattr(self.backend, "degraded", False)
+        if not usable or info is None:
             raise ServiceUnavailableError("the model server is not ready", code="not_ready")
         return info
 

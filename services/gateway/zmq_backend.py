@@ -14,6 +14,7 @@ import zmq.asyncio
 from services.gateway.backend import BackendGone
 from services.gateway.kv_state import KvStateCache
 from shared.ipc import Addresses, make_socket, recv, send
+from shared.peer_watch import PeerWatch
 from shared.protocol import (
     AbortRequest,
     GenerateRequest,
@@ -50,12 +51,14 @@ class ZmqBackend:
         self._deltas = make_socket(self._ctx, zmq.PULL, self.addresses.deltas, bind=False)
         self._send_lock = asyncio.Lock()
         self._reader = asyncio.create_task(self._read())
+        self._watch = asyncio.create_task(PeerWatch(self._requests, self._on_scheduler_lost).run())
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        for task in (self._reader, getattr(self, "_watch", None)):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._ctx.destroy(linger=0)
 
     @property
@@ -65,6 +68,11 @@ class ZmqBackend:
     @property
     def ready(self) -> bool:
         return self.alive and (self._stats is None or self._stats.executor_alive)
+
+    @property
+    def degraded(self) -> bool:
+        """The scheduler is up but replacing a dead executor: requests wait, none is lost."""
+        return self.alive and self._stats is not None and self._stats.executor_restarting
 
     @property
     def info(self) -> SchedulerReady | None:
@@ -89,7 +97,7 @@ class ZmqBackend:
                 try:
                     delta = await asyncio.wait_for(queue.get(), 1.0)
                 except TimeoutError:
-                    if not self.ready:
+                    if not (self.ready or self.degraded):
                         raise BackendGone("the scheduler or executor stopped responding") from None
                     continue
                 if isinstance(delta, BackendGone):
@@ -105,6 +113,16 @@ class ZmqBackend:
         """End every open stream with BackendGone (the gateway is shutting down)."""
         for queue in self._queues.values():
             queue.put_nowait(BackendGone(reason))
+
+    def _on_scheduler_lost(self) -> None:
+        # Its requests died with it: end their streams now rather than after missed heartbeats,
+        # and answer 503 until a new scheduler announces itself.
+        if self._info is None:
+            return
+        log.error("the scheduler's connection closed; ending %d streams", len(self._queues))
+        self._info = None
+        self._stats = None
+        self.fail_all("the scheduler process died")
 
     async def kv_state(self) -> KvState:
         """The scheduler's block map, at most MIN_INTERVAL_S old."""
@@ -134,5 +152,6 @@ class ZmqBackend:
             elif isinstance(message, KvState):
                 self._kv_states.deliver(message)
             elif isinstance(message, SchedulerReady):
+                if self._info is None:
+                    log.info("backend ready: %s", message.model_name)
                 self._info = message
-                log.info("backend ready: %s", message.model_name)
