@@ -69,3 +69,40 @@ def test_the_queue_counts_a_backends_exact_in_transit_figure():
     state.max_queued_requests = 4
     with pytest.raises(RateLimitError):
         state.check_queue()
+
+
+async def test_a_prompt_too_long_to_fit_is_refused_before_tokenization(serve, tokenizer) -> None:
+    client, backend = await serve()
+    calls = []
+    original = tokenizer.encode
+    tokenizer.encode = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        huge = "x" * 5_000_000
+        for path, body in [
+            ("/v1/completions", completion(prompt=huge)),
+            (
+                "/v1/chat/completions",
+                {"model": "tiny", "messages": [{"role": "user", "content": huge}]},
+            ),
+            ("/v1/tokenize", {"model": "tiny", "prompt": huge}),
+        ]:
+            resp = await client.post(path, json=body)
+            assert resp.status == 400, path
+            assert (await resp.json())["error"]["code"] == "context_length_exceeded"
+        assert calls == [] and backend.requests == []
+    finally:
+        tokenizer.encode = original
+
+
+async def test_oversized_bodies_and_headers_are_refused(serve) -> None:
+    client, backend = await serve()
+    resp = await client.post(
+        "/v1/completions",
+        data=b"x" * (33 * 1024 * 1024),
+        headers={"Content-Type": "application/json"},
+    )
+    assert resp.status == 413
+    assert (await resp.json())["error"]["type"] == "invalid_request_error"
+    resp = await client.get("/health", headers={"X-Big": "y" * 20_000})
+    assert resp.status in (400, 431)
+    assert (await client.get("/health")).status == 200  # still serving
