@@ -47,6 +47,8 @@ def _bodies(schema: dict, model: str) -> st.SearchStrategy:
             for key in CAPPED:
                 if isinstance(body.get(key), int) and not isinstance(body[key], bool):
                     body[key] = min(body[key], 4)
+            if not any(key in body for key in CAPPED):
+                body["max_tokens"] = 4  # chat's default is the whole remaining context
         return body
 
     valid = from_schema(schema)
