@@ -1,11 +1,14 @@
 """Where a decode step's time goes: mean step time and the top torch ops, for N sequences.
 
 .venv/bin/python benchmarks/profile_decode_step.py --num-seqs 64 --prompt-len 100
+
+Writes the step time and the op table as JSON (--json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -26,6 +29,7 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=100)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--json", default="benchmarks/results/profile_decode_step.json")
     args = parser.parse_args()
 
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=args.model)))
@@ -50,7 +54,27 @@ def main() -> None:
         f"{args.num_seqs} sequences, context ~{args.prompt_len + args.steps}: "
         f"{step_s * 1000:.0f} ms per decode step"
     )
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=12))
+    total = sum(e.self_cpu_time_total for e in averages)
+    ops = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:20]
+    result = {
+        "command": "benchmarks/profile_decode_step.py " + " ".join(sys.argv[1:]),
+        "num_seqs": args.num_seqs,
+        "context": args.prompt_len + args.steps,
+        "ms_per_decode_step": step_s * 1000,
+        "top_ops_self_cpu": [
+            {
+                "op": e.key,
+                "self_cpu_ms_per_step": e.self_cpu_time_total / 1000 / args.steps,
+                "fraction": e.self_cpu_time_total / total,
+                "calls_per_step": e.count / args.steps,
+            }
+            for e in ops
+        ],
+    }
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print("wrote", args.json)
 
 
 if __name__ == "__main__":

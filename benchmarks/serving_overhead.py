@@ -52,7 +52,12 @@ async def drive(args, addresses: Addresses, vocab: int) -> dict:
     tokens = sum(await asyncio.gather(*(one() for _ in range(args.num_requests))))
     elapsed = time.perf_counter() - start
     await backend.close()
-    steps = [s for s in stats if s.step_executor_s > 0]
+    # Request acknowledgements and heartbeats carry the last step's stats again: one per step.
+    by_step = {}
+    for s in stats:
+        if s.step_executor_s > 0:
+            by_step.setdefault(s.num_steps, s)
+    steps = list(by_step.values())
     sched = [s.step_scheduler_s for s in steps]
     execu = [s.step_executor_s for s in steps]
     ipc = [max(0.0, s.step_roundtrip_s - s.step_executor_s) for s in steps]

@@ -39,6 +39,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int64, padded with 0 past each table
     block_size: int
     max_query_len: int  # host-side: 1 means a pure decode batch; sizes the prefill grid
+    positions: torch.Tensor  # [num_tokens] int64 position of each new token in its sequence
     reference: ReferenceViews | None  # only when the reference backend runs the step
 
 
@@ -52,36 +53,49 @@ def build_attention_metadata(
 ) -> AttentionMetadata:
     """Metadata for sequences that each compute query_lens[i] tokens from start_positions[i]."""
     num_seqs = len(query_lens)
-    seq_lens = [s + q for s, q in zip(start_positions, query_lens)]
     max_blocks = max(max((len(t) for t in block_tables), default=0), 1)
     table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in block_tables], dtype=torch.int64)
-    table = table.view(num_seqs, max_blocks)
-    query_start_loc = [0]
-    for n in query_lens:
-        query_start_loc.append(query_start_loc[-1] + n)
-
-    # The slot of every new token, from its sequence's table: [num_tokens]
-    lens_q = torch.tensor(query_lens, dtype=torch.int64)
-    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), lens_q)
-    first_row = torch.repeat_interleave(
-        torch.tensor(query_start_loc[:-1], dtype=torch.int64), lens_q
+    table = table.view(num_seqs, max_blocks).to(device)
+    return metadata_from_table(
+        query_lens, start_positions, table, block_size, reference_views=reference_views
     )
-    position = torch.tensor(start_positions, dtype=torch.int64)[seq_of_token] + (
-        torch.arange(query_start_loc[-1]) - first_row
+
+
+def metadata_from_table(
+    query_lens: list[int],
+    start_positions: list[int],
+    table: torch.Tensor,  # [num_seqs, max_blocks] int64 on the target device, any padding
+    block_size: int,
+    reference_views: bool = True,
+) -> AttentionMetadata:
+    """The same, from block tables already on the device: one small host-to-device copy."""
+    device = table.device
+    num_seqs = len(query_lens)
+    num_tokens = sum(query_lens)
+    lens = torch.tensor([query_lens, start_positions], dtype=torch.int64).to(device)
+    lens_q, starts = lens[0], lens[1]  # [num_seqs] each
+    qsl = torch.zeros(num_seqs + 1, dtype=torch.int64, device=device)
+    torch.cumsum(lens_q, 0, out=qsl[1:])
+    # The slot of every new token, from its sequence's table: [num_tokens]. output_size keeps
+    # repeat_interleave from asking the device how long its result is.
+    seq_of_token = torch.repeat_interleave(
+        torch.arange(num_seqs, device=device), lens_q, output_size=num_tokens
+    )
+    position = starts[seq_of_token] + (
+        torch.arange(num_tokens, device=device) - qsl[:-1][seq_of_token]
     )
     slot_mapping = table[seq_of_token, position // block_size] * block_size + position % block_size
-
-    qsl = torch.tensor(query_start_loc, dtype=torch.int64)
-    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    seq_lens = starts + lens_q
     return AttentionMetadata(
-        slot_mapping=slot_mapping.to(device),
-        query_start_loc=qsl.to(device),
-        seq_lens=lens.to(device),
-        block_tables=table.to(device),
+        slot_mapping=slot_mapping,
+        query_start_loc=qsl,
+        seq_lens=seq_lens,
+        block_tables=table,
         block_size=block_size,
         max_query_len=max(query_lens, default=0),
+        positions=position,
         reference=(
-            _reference_views(query_lens, start_positions, table, qsl, lens, block_size, device)
+            _reference_views(query_lens, start_positions, table, qsl, seq_lens, block_size, device)
             if reference_views
             else None
         ),
@@ -98,26 +112,29 @@ def _reference_views(
     device: torch.device | str,
 ) -> ReferenceViews:
     decode_seq_idx, prefills = [], []
+    row = 0  # host copies of qsl and lens: no per-sequence reads of device values
+    max_decode_len = 0
     for i, q_len in enumerate(query_lens):
+        seq_len = start_positions[i] + q_len
         if q_len == 1:
             decode_seq_idx.append(i)
+            max_decode_len = max(max_decode_len, seq_len)
         else:
-            num_blocks = -(-int(lens[i]) // block_size)
-            start, end = int(qsl[i]), int(qsl[i + 1])
-            blocks = table[i, :num_blocks].to(device)
-            prefills.append(PrefillSpan(start, end, start_positions[i], blocks))
-    decode_idx = torch.tensor(decode_seq_idx, dtype=torch.int64)
+            blocks = table[i, : -(-seq_len // block_size)]
+            prefills.append(PrefillSpan(row, row + q_len, start_positions[i], blocks))
+        row += q_len
+    decode_idx = torch.tensor(decode_seq_idx, dtype=torch.int64).to(device)
     if decode_seq_idx:
-        max_decode_blocks = -(-int(lens[decode_idx].max()) // block_size)
+        max_decode_blocks = -(-max_decode_len // block_size)
         decode_blocks = table[decode_idx, :max_decode_blocks]
-        positions = torch.arange(max_decode_blocks * block_size)
+        positions = torch.arange(max_decode_blocks * block_size, device=device)
         decode_mask = positions[None, :] < lens[decode_idx][:, None]
     else:
-        decode_blocks = torch.zeros((0, 0), dtype=torch.int64)
-        decode_mask = torch.zeros((0, 0), dtype=torch.bool)
+        decode_blocks = torch.zeros((0, 0), dtype=torch.int64, device=device)
+        decode_mask = torch.zeros((0, 0), dtype=torch.bool, device=device)
     return ReferenceViews(
-        decode_rows=qsl[decode_idx].to(device),
-        decode_blocks=decode_blocks.to(device),
-        decode_mask=decode_mask[:, None, None, :].to(device),
+        decode_rows=qsl[decode_idx],
+        decode_blocks=decode_blocks,
+        decode_mask=decode_mask[:, None, None, :],
         prefills=prefills,
     )

@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(serve)
     add_gateway_args(serve)
     serve.add_argument("--plan-log", default=None, help="scheduler: append one JSON line per step")
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="scheduler+executor stacks behind the gateway (requests go to the least loaded)",
+    )
     from services.restart_budget import add_restart_args
 
     add_restart_args(serve)

@@ -33,24 +33,28 @@ class Stack:
         self.args = args
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
-        self.budgets = {
-            name: RestartBudget(args.max_restarts, args.restart_window)
-            for name in ("scheduler", "executor", "gateway")
-        }
+        self.budgets: dict[str, RestartBudget] = {}  # one per process name, made at its spawn
         self.ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")  # private pipes of this stack
 
     def start(self) -> None:
         args = self.args
         model_dir = str(resolve_model(args.model))  # convert once, before children race to it
-        addresses = Addresses.ipc(self.ipc_dir)
-        wires = [
-            "--requests-addr", addresses.requests,
-            "--deltas-addr", addresses.deltas,
-            "--plans-addr", addresses.plans,
-            "--results-addr", addresses.results,
-            "--parent-pid", str(os.getpid()),
-        ]  # fmt: skip
         engine = engine_argv(args, model_dir)
+        name = ["--model-name", model_name(args.model)]
+        name += ["--max-restarts", str(args.max_restarts)]
+        name += ["--restart-window", str(args.restart_window)]
+        if args.plan_log:
+            name += ["--plan-log", args.plan_log]
+        replicas = [
+            Addresses.ipc(os.path.join(self.ipc_dir, f"replica-{i}"))
+            for i in range(getattr(args, "replicas", 1))
+        ]
+        for i, addresses in enumerate(replicas):
+            wires = _wires(addresses)
+            suffix = f"-{i}" if i else ""
+            # The scheduler binds every pipe, so it goes first; the others connect to it.
+            self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *engine, *name, *wires])
+            self._spawn(f"executor{suffix}", ["-m", "services.executor", *engine, *wires])
         gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
         if args.api_key:
             gateway += ["--api-key", args.api_key]
@@ -58,19 +62,15 @@ class Stack:
             gateway += ["--max-queued-requests", str(args.max_queued_requests)]
         if args.request_timeout is not None:
             gateway += ["--request-timeout", str(args.request_timeout)]
-        name = ["--model-name", model_name(args.model)]
-        name += ["--max-restarts", str(args.max_restarts)]
-        name += ["--restart-window", str(args.restart_window)]
-        if args.plan_log:
-            name += ["--plan-log", args.plan_log]
-        # The scheduler binds every pipe, so it goes first; the others connect to it.
-        self._spawn("scheduler", ["-m", "services.scheduler", *engine, *name, *wires])
-        self._spawn("executor", ["-m", "services.executor", *engine, *wires])
-        self._spawn("gateway", ["-m", "services.gateway", *gateway, *wires])
+        for addresses in replicas[1:]:
+            gateway += ["--replica-addrs", f"{addresses.requests},{addresses.deltas}"]
+        self._spawn("gateway", ["-m", "services.gateway", *gateway, *_wires(replicas[0])])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
         self.argv[name] = argv
+        if name not in self.budgets:
+            self.budgets[name] = RestartBudget(self.args.max_restarts, self.args.restart_window)
         self.procs[name] = subprocess.Popen([sys.executable, *argv], start_new_session=True)
 
     def restart(self, name: str) -> bool:
@@ -84,9 +84,10 @@ class Stack:
         if not self.budgets[name].allow():
             return False
         self._spawn(name, self.argv[name])
-        if name == "scheduler":
-            self._stop_one("executor")
-            self._spawn("executor", self.argv["executor"])
+        if name.startswith("scheduler"):
+            executor = name.replace("scheduler", "executor")  # the same replica's
+            self._stop_one(executor)
+            self._spawn(executor, self.argv[executor])
         return True
 
     def exited(self) -> tuple[str, int] | None:
@@ -107,7 +108,8 @@ class Stack:
                 return f"the {gone[0]} process exited with code {gone[1]} during start-up"
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
+                    # "degraded": some replica is not up yet; start-up waits for all of them.
+                    if response.status == 200 and json.load(response).get("status") == "ok":
                         return None
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
@@ -115,8 +117,9 @@ class Stack:
         return f"not ready after {timeout:.0f} s"
 
     def stop(self) -> None:
-        # Gateway first (it ends open streams), then the scheduler, then the executor.
-        for name in ("gateway", "scheduler", "executor"):
+        # Gateway first (it ends open streams), then the schedulers, then the executors.
+        order = {"gateway": 0, "scheduler": 1, "executor": 2}
+        for name in sorted(self.procs, key=lambda n: order[n.split("-")[0]]):
             self._stop_one(name)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
@@ -129,6 +132,16 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _wires(addresses: Addresses) -> list[str]:
+    return [
+        "--requests-addr", addresses.requests,
+        "--deltas-addr", addresses.deltas,
+        "--plans-addr", addresses.plans,
+        "--results-addr", addresses.results,
+        "--parent-pid", str(os.getpid()),
+    ]  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:

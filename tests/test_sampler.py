@@ -37,7 +37,7 @@ def _feed(states: SamplingStates, seq_id: int, prompt: list[int], outputs: list[
 def _draw(states: SamplingStates, logits: torch.Tensor, rows: list[int] | None = None):
     rows = rows if rows is not None else list(range(logits.shape[0]))
     draws = [Draw(row, seq_id) for seq_id, row in enumerate(rows)]
-    output = sample(logits, states.build(draws))
+    output = sample(logits.clone(), states.build(draws))  # sample() consumes its logits
     return states.results(draws, output)
 
 

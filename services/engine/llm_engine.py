@@ -74,6 +74,16 @@ class LLMEngine:
         self._ids = itertools.count()
         self._tokenizer = None
 
+    def close(self) -> None:
+        """Stop the executor's other tensor-parallel ranks, if any (idempotent)."""
+        self.executor.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def tokenizer(self):
         """Loaded on first use: token-id-only callers (tests, benchmarks) never pay for it."""

@@ -11,19 +11,21 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
 import torch
 
 from kernels.ops import select_ops
+from services.executor.block_tables import DeviceBlockTables
 from services.executor.grammar import GrammarCompiler
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
+from services.executor.llama import LlamaSpec
+from services.executor.phase_timer import PhaseTimer
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates
-from services.executor.tensor_parallel import Shard, broadcast_bytes, init_group
+from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divisible, init_group
 from services.executor.weights import load_hf_config, load_model
 from shared import wire
 from shared.config import EngineConfig
@@ -44,18 +46,27 @@ class Executor:
     def __init__(self, config: EngineConfig, model_dir: Path, rank: int = 0) -> None:
         if config.model.num_threads:
             torch.set_num_threads(config.model.num_threads)
+        elif rank > 0 and config.model.device != "cuda":
+            # CPU ranks on one machine share its cores: each takes its share, not all of them.
+            size = config.parallel.tensor_parallel_size
+            torch.set_num_threads(max(1, torch.get_num_threads() // size))
         self.device = _device(config.model.device, rank)
-        self._workers: list[subprocess.Popen] = []
-        self.shard = Shard()
-        if config.parallel.tensor_parallel_size > 1:
-            self.shard = self._join_ranks(config, rank)
-        # Plans travel between ranks as tensors on the collective backend's device.
-        self._comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         self.ops = select_ops(config.model.attention_backend, self.device)
         block_size = config.cache.block_size
         if self.ops.name == "triton" and block_size & (block_size - 1):
             raise ValueError(f"the triton kernels need a power-of-two block size, got {block_size}")
         hf_config = load_hf_config(model_dir)
+        size = config.parallel.tensor_parallel_size
+        # Refused before any rank starts: a bad split must fail here, not hang a collective.
+        check_divisible(LlamaSpec.from_hf_config(hf_config), size)
+        if self.device.type == "cuda" and size > torch.cuda.device_count():
+            raise ValueError(
+                f"tensor-parallel size {size} exceeds the {torch.cuda.device_count()} CUDA devices"
+            )
+        self._workers: list[subprocess.Popen] = []
+        self.shard = self._join_ranks(config, rank) if size > 1 else Shard()
+        # Plans travel between ranks as tensors on the collective backend's device.
+        self._comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         self.max_model_len = _max_model_len(hf_config, config.model.max_model_len)
         dtype = DTYPES[config.model.dtype]
         self.model = load_model(
@@ -67,7 +78,7 @@ class Executor:
         self.cache = KVCache(cache_spec, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
         self.model_dir = model_dir
-        self.block_tables: dict[int, list[int]] = {}
+        self.block_tables = DeviceBlockTables(-(-self.max_model_len // block_size), self.device)
         self.sampling = SamplingStates(
             self.model.spec.vocab_size,
             self.eos_token_ids,
@@ -155,10 +166,10 @@ class Executor:
             return StepResult(plan.step_id, [], error=f"{type(exc).__name__}: {exc}")
 
     def _execute(self, plan: StepPlan) -> StepResult:
-        t0 = time.perf_counter()
+        timer = PhaseTimer(self.device)
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
         for seq_id in plan.freed_seq_ids:
-            self.block_tables.pop(seq_id, None)
+            self.block_tables.forget(seq_id)
             if driver:
                 self.sampling.forget(seq_id)
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
@@ -170,21 +181,18 @@ class Executor:
                     )
                 if driver:
                     self.sampling.add(seq.seq_id, seq.sampling, seq.sample_index, seq.prompt_len)
-            if seq.replace_table or seq.seq_id not in self.block_tables:
-                self.block_tables[seq.seq_id] = list(seq.block_ids)
-            else:
-                self.block_tables[seq.seq_id].extend(seq.block_ids)
+            self.block_tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
             if driver:
                 self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
         if not plan.seqs:
-            return StepResult(plan.step_id, [], {"cache_ops": time.perf_counter() - t0})
+            timer.mark("cache_ops")
+            return StepResult(plan.step_id, [], timer.seconds())
 
-        t1 = time.perf_counter()
+        timer.mark("cache_ops")
         inputs = build_inputs(
             plan.seqs,
-            [self.block_tables[s.seq_id] for s in plan.seqs],
+            self.block_tables.rows([s.seq_id for s in plan.seqs]),
             self.cache.block_size,
-            self.device,
             reference_views=self.ops.name == "torch",
         )
         draws = []
@@ -192,14 +200,14 @@ class Executor:
         for row, seq in enumerate(sampling_seqs):
             for index, child_id in enumerate(seq.fork_seq_ids, start=1):
                 # Known from now on; its first plan entry carries its whole table.
-                self.block_tables[child_id] = []
+                self.block_tables.register(child_id)
                 if driver:
                     self.sampling.fork(seq.seq_id, child_id, index)
             if driver:
                 draws.append(Draw(row, seq.seq_id))
                 draws.extend(Draw(row, child_id) for child_id in seq.fork_seq_ids)
         batch = self.sampling.build(draws) if draws else None
-        t2 = time.perf_counter()
+        timer.mark("prepare")
         with torch.inference_mode():
             hidden = self.model(
                 inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
@@ -207,20 +215,13 @@ class Executor:
             logits = None
             if sampling_seqs:  # every rank: the LM head is split by vocabulary
                 logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [rows, vocab]
-            t3 = time.perf_counter()
+            timer.mark("forward")
             output = sample(logits, batch) if batch is not None else None
-        t4 = time.perf_counter()
-        # The step's one host synchronisation: sampled ids (and asked-for logprobs) only. On a
-        # GPU the phases before it only enqueue work, so their device time lands here.
+        timer.mark("sample")
+        # The step's one host synchronisation: sampled ids (and asked-for logprobs) only.
         tokens = self.sampling.results(draws, output) if output is not None else []
-        t5 = time.perf_counter()
-        timings = {
-            "cache_ops": t1 - t0,
-            "prepare": t2 - t1,
-            "forward": t3 - t2,
-            "sample": t4 - t3,
-            "sync_out": t5 - t4,
-        }
+        timer.mark("sync_out")
+        timings = timer.seconds()
         return StepResult(plan.step_id, tokens, timings)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
-from kernels.metadata import AttentionMetadata, build_attention_metadata
+from kernels.metadata import AttentionMetadata, metadata_from_table
 from shared.protocol import ScheduledSeq
 
 
@@ -22,30 +23,24 @@ class ModelInputs:
 
 def build_inputs(
     seqs: list[ScheduledSeq],
-    tables: list[list[int]],  # block table of each of seqs, same order
+    table: torch.Tensor,  # [len(seqs), max_blocks] int64 block tables on the device, same order
     block_size: int,
-    device: torch.device | str,
     reference_views: bool,
 ) -> ModelInputs:
-    input_ids: list[int] = []
-    positions: list[int] = []
-    last_rows: list[int] = []
-    for seq in seqs:
-        input_ids.extend(seq.token_ids)
-        positions.extend(range(seq.start_pos, seq.start_pos + len(seq.token_ids)))
-        if seq.sample:
-            last_rows.append(len(input_ids) - 1)
-    attention = build_attention_metadata(
+    """Host work: concatenate the token ids, list the lengths; the rest is built on the device."""
+    device = table.device
+    input_ids = list(itertools.chain.from_iterable(s.token_ids for s in seqs))
+    attention = metadata_from_table(
         [len(s.token_ids) for s in seqs],
         [s.start_pos for s in seqs],
-        tables,
+        table,
         block_size,
-        device,
         reference_views,
     )
+    sampling = torch.tensor([i for i, s in enumerate(seqs) if s.sample], dtype=torch.int64)
     return ModelInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
+        positions=attention.positions,
         attention=attention,
-        logits_rows=torch.tensor(last_rows, dtype=torch.int64, device=device),
+        logits_rows=attention.query_start_loc[1:][sampling.to(device)] - 1,
     )

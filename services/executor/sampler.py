@@ -31,6 +31,7 @@ class SamplingBatch:
     """Per-row parameters of one step's draws, already on the logits' device."""
 
     logits_rows: torch.Tensor  # [B] int64 logits row each draw reads (n > 1 forks share a row)
+    rows_identity: bool  # logits_rows is 0..B-1: the draws read the logits as they are
     temperature: torch.Tensor  # [B] fp32, 0 for greedy rows
     top_k: torch.Tensor  # [B] int64, vocab when off
     max_top_k: int  # largest top_k among rows that use it (a host value: no sync to find it)
@@ -64,10 +65,20 @@ class SamplerOutput:
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """logits: [R, vocab] fp32 (one row per sampling sequence) -> one token per draw row."""
+    """logits: [R, vocab] fp32 (one row per sampling sequence) -> one token per draw row.
+
+    The logits are consumed: bias, masks and penalties may be applied to them in place.
+    """
     vocab = logits.shape[-1]
-    raw = logits.index_select(0, batch.logits_rows)  # [B, vocab]; a copy, edited in place
-    processed = _processed_logits(raw.clone() if batch.num_logprobs >= 0 else raw, batch)
+    # [B, vocab]: the logits rows themselves when no row is read twice (no fork this step).
+    raw = logits if batch.rows_identity else logits.index_select(0, batch.logits_rows)
+    edits = (
+        batch.edit_rows is not None
+        or batch.grammar_bitmask is not None
+        or batch.penalties is not None
+    )
+    # Edits happen in place; keep the model's own logits intact when logprobs are read later.
+    processed = _processed_logits(raw.clone() if edits and batch.num_logprobs >= 0 else raw, batch)
     if batch.all_greedy:
         token_ids = processed.argmax(dim=-1)
     else:

@@ -200,6 +200,7 @@ class SamplingStates:
         asked = [p.logprobs or 0 for p in params if p.wants_logprob]
         batch = SamplingBatch(
             logits_rows=ints[0],
+            rows_identity=all(d.logits_row == i for i, d in enumerate(draws)),
             temperature=floats[0],
             top_k=ints[1],
             max_top_k=max(used_k, default=1),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import sys
 import threading
 
 import zmq
@@ -34,9 +36,14 @@ def serve(args: argparse.Namespace) -> int:
     beat.start()
     send_sync(results, executor.ready())
     log.info("executor ready: %s", executor.ready())
+    # SIGTERM (the launcher's stop) unwinds through `finally`, which stops the other TP ranks.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         while True:
             message = recv_sync(plans, timeout_ms=1000)
+            if not executor.ranks_alive():
+                log.error("a tensor-parallel rank has exited; the executor cannot go on")
+                return 1
             if message is None:
                 if _orphaned(args.parent_pid):
                     log.warning("parent process is gone; exiting")
@@ -46,6 +53,7 @@ def serve(args: argparse.Namespace) -> int:
                     return 1
                 continue
             if isinstance(message, Shutdown):
+                executor.close()
                 return 0
             if isinstance(message, StepPlan):
                 result = executor.execute(message)
@@ -57,6 +65,7 @@ def serve(args: argparse.Namespace) -> int:
                 send_sync(results, result)
     finally:
         stop.set()
+        executor.close()
         ctx.destroy(linger=0)
 
 

@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tp_worker: rank must be in [1, {size})", file=sys.stderr)
         return 2
     executor = Executor(config, resolve_model(config.model.model), rank=args.rank)
-    executor.follow()
+    try:
+        executor.follow()
+    except RuntimeError as exc:  # rank 0 went away mid-collective
+        log.error("rank %d stops: %s", args.rank, str(exc).splitlines()[0])
+        return 1
     return 0
 
 

@@ -40,7 +40,7 @@ def create_app(
     state = GatewayState(
         backend=backend,
         tokenizer=tokenizer,
-        metrics=GatewayMetrics(lambda: backend.stats),
+        metrics=GatewayMetrics(lambda: backend.stats, getattr(backend, "replica_table", None)),
         texts=TokenTexts(tokenizer),
         api_key=api_key,
         max_queued_requests=max_queued_requests,
@@ -111,14 +111,13 @@ async def _model(request: web.Request) -> web.Response:
 
 async def _health(request: web.Request) -> web.Response:
     backend = request.app[STATE].backend
-    if getattr(backend, "degraded", False):
-        # Still serving (requests queue for the new executor), but not at full health.
-        error = ServiceUnavailableError("a dead executor is being replaced", code="degraded")
-        return web.json_response({"status": "degraded", **error.to_dict()}, status=503)
-    if not backend.ready:
+    # Degraded: still serving, and saying so: some replica is down, or a dead executor is being
+    # replaced (its requests wait for the new one).
+    degraded = getattr(backend, "degraded", False)
+    if not (backend.ready or degraded):
         error = ServiceUnavailableError("the model server is not ready", code="not_ready")
         return web.json_response(error.to_dict(), status=error.http_status)
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "degraded" if degraded else "ok"})
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -57,10 +58,58 @@ class _SchedulerCollector:
         )
 
 
+class _ReplicaCollector:
+    """Per-replica gauges, labelled replica="i", when the gateway fronts several stacks."""
+
+    def __init__(self, table: Callable[[], list[tuple[bool, int, int, Any]]]) -> None:
+        self._table = table
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._table()
+        families = {
+            "up": GaugeMetricFamily(
+                "pagedserve_replica_up", "1 while the replica is ready", labels=["replica"]
+            ),
+            "routed": CounterMetricFamily(
+                "pagedserve_replica_requests", "Requests routed to the replica", labels=["replica"]
+            ),
+            "owed": GaugeMetricFamily(
+                "pagedserve_replica_outstanding_tokens",
+                "Prompt plus max output tokens of the replica's unfinished requests",
+                labels=["replica"],
+            ),
+            "running": GaugeMetricFamily(
+                "pagedserve_replica_num_requests_running",
+                "Sequences running on the replica's executor",
+                labels=["replica"],
+            ),
+            "kv": GaugeMetricFamily(
+                "pagedserve_replica_kv_cache_usage_ratio",
+                "Fraction of the replica's device KV blocks in use",
+                labels=["replica"],
+            ),
+        }
+        for i, (ready, routed, owed, s) in enumerate(rows):
+            label = [str(i)]
+            families["up"].add_metric(label, 1.0 if ready else 0.0)
+            families["routed"].add_metric(label, routed)
+            families["owed"].add_metric(label, owed)
+            families["running"].add_metric(label, s.num_running if s else 0)
+            ratio = s.kv_blocks_used / s.kv_blocks_total if s and s.kv_blocks_total else 0.0
+            families["kv"].add_metric(label, ratio)
+        yield from families.values()
+
+
 class GatewayMetrics:
-    def __init__(self, stats: Callable[[], SchedulerStats | None]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], SchedulerStats | None],
+        replicas: Callable[[], list[tuple[bool, int, int, Any]]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_SchedulerCollector(stats))
+        if replicas is not None:
+            self.registry.register(_ReplicaCollector(replicas))
         self.prompt_tokens = Counter(
             "pagedserve_prompt_tokens", "Prompt tokens of accepted requests", registry=self.registry
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ import signal
 import uvloop
 from aiohttp import web
 
+from services.gateway.replicas import ReplicaRouter
 from services.gateway.zmq_backend import ZmqBackend
 from shared.ipc import add_address_args, addresses_from_args
 from shared.model_source import resolve_model
@@ -44,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     add_gateway_args(parser)
     add_address_args(parser)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
+    parser.add_argument(
+        "--replica-addrs",
+        action="append",
+        default=[],
+        metavar="REQUESTS_ADDR,DELTAS_ADDR",
+        help="a further scheduler (replica) to route requests to; repeat for more",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -52,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.gateway.app import create_app
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model), local_files_only=True)
-    backend = ZmqBackend(addresses_from_args(args))
+    backend = _backend(args)
     app = create_app(
         backend,
         tokenizer,
@@ -86,6 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         handler_cancellation=True,  # a client that leaves cancels its handler, which aborts
     )
     return 0
+
+
+def _backend(args: argparse.Namespace) -> ZmqBackend | ReplicaRouter:
+    primary = addresses_from_args(args)
+    if not args.replica_addrs:
+        return ZmqBackend(primary)
+    replicas = [ZmqBackend(primary)]
+    for pair in args.replica_addrs:
+        requests, _, deltas = pair.partition(",")
+        if not requests or not deltas:
+            raise SystemExit(f"--replica-addrs wants REQUESTS_ADDR,DELTAS_ADDR, got {pair!r}")
+        # Only the gateway's two pipes matter here; the replica's own plan pipes are its own.
+        replicas.append(ZmqBackend(dataclasses.replace(primary, requests=requests, deltas=deltas)))
+    return ReplicaRouter(replicas)
 
 
 async def _exit_when_orphaned(parent_pid: int) -> None:

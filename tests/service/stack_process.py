@@ -92,16 +92,17 @@ async def wait_metric(session, url: str, name: str, value: float, timeout: float
         await asyncio.sleep(0.1)
 
 
-async def wait_health(session, url: str, status: int = 200, timeout: float = 120.0) -> None:
+async def wait_health(session, url: str, timeout: float = 120.0) -> None:
+    """Until /health says "ok" (not "degraded", not 503)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             async with session.get(f"{url}/health") as response:
-                if response.status == status:
+                if response.status == 200 and (await response.json())["status"] == "ok":
                     return
         except aiohttp.ClientError:
             pass
-        assert time.monotonic() < deadline, f"/health never answered {status}"
+        assert time.monotonic() < deadline, "/health never said ok"
         await asyncio.sleep(0.1)
 
 

@@ -1,0 +1,38 @@
+"""Per-phase step timings: every phase named, in order, adding up to the step."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from services.executor.phase_timer import PhaseTimer
+
+
+def _timed_phases(device: torch.device) -> tuple[dict[str, float], float]:
+    start = time.perf_counter()
+    timer = PhaseTimer(device)
+    x = torch.randn(256, 256, device=device)
+    for _ in range(20):
+        x = x @ x.T / 256
+    timer.mark("compute")
+    time.sleep(0.05)
+    timer.mark("wait")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return timer.seconds(), time.perf_counter() - start
+
+
+def test_cpu_phases_follow_the_host_clock():
+    phases, wall = _timed_phases(torch.device("cpu"))
+    assert list(phases) == ["compute", "wait"]
+    assert phases["wait"] >= 0.045 and 0 < sum(phases.values()) <= wall
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_phases_follow_the_device_clock():
+    phases, wall = _timed_phases(torch.device("cuda"))
+    assert list(phases) == ["compute", "wait"]
+    assert 0 < sum(phases.values()) <= wall + 1e-3
