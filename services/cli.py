@@ -35,7 +35,19 @@ def main(argv: list[str] | None = None) -> int:
 
     add_restart_args(serve)
 
+    from services.bench.commands import add_bench_parser
+
+    add_bench_parser(commands)
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from services.bench.commands import run_bench
+
+        try:
+            return run_bench(args)
+        except (PagedServeError, ValueError) as exc:
+            print(f"pagedserve: error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "serve":
         from services.launcher import serve as run_serve
 

@@ -71,6 +71,9 @@ class SchedulerConfig:
     # Fraction of device blocks kept free at admission so that admitted groups can grow a little
     # before someone has to be preempted (avoids admit-then-preempt thrash).
     watermark: float = 0.01
+    # KV allocation: "paged" blocks on demand, or an Orca baseline that reserves a contiguous
+    # region per request ("orca-max", "orca-pow2", "orca-oracle"); see services/scheduler.
+    kv_policy: str = "paged"
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
@@ -81,11 +84,32 @@ class SchedulerConfig:
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        if self.kv_policy not in ("paged", "orca-max", "orca-pow2", "orca-oracle"):
+            raise ValueError(
+                "kv_policy must be paged, orca-max, orca-pow2 or orca-oracle, "
+                f"got {self.kv_policy!r}"
+            )
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated executor: no model runs; a cost model of this GPU and model times each step."""
+
+    gpu: str = "a100-40gb"
+    model: str = "opt-13b"
+    kv_cache_bytes: int | None = None  # None: the pool as on that GPU
+    step_overhead_s: float | None = None  # None: the GPU entry's default
+    realtime: bool = False  # sleep for the modeled time (serving) instead of only counting it
+
+    def __post_init__(self) -> None:
+        _positive("kv_cache_bytes", self.kv_cache_bytes, allow_none=True)
+        if self.step_overhead_s is not None and self.step_overhead_s < 0:
+            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Tensor parallelism: the executor as tensor_parallel_size ranks joined by torch.distributed."""
+    """Tensor parallelism: the executor as tensor_parallel_size ranks (torch.distributed)."""
 
     tensor_parallel_size: int = 1
     master_addr: str = "127.0.0.1"  # where rank 0 listens for the other ranks
@@ -104,6 +128,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    executor: Literal["model", "sim"] = "model"  # sim: services/executor/sim.py
+    sim: SimConfig = field(default_factory=SimConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -115,4 +141,6 @@ class EngineConfig:
             cache=CacheConfig(**values["cache"]),
             scheduler=SchedulerConfig(**values["scheduler"]),
             parallel=ParallelConfig(**values["parallel"]),
+            executor=values.get("executor", "model"),
+            sim=SimConfig(**values.get("sim", {})),
         )

@@ -138,6 +138,12 @@ class SchedulerStats:
     executor_alive: bool = True  # the executor's heartbeat is fresh
     executor_restarting: bool = False  # the executor died; its requests wait for a new one
     num_executor_restarts: int = 0  # executors lost and replaced since start
+    kv_policy: str = "paged"  # the KV allocation policy
+    # Device KV slots by kind (token_states, reserved, internal_fragmentation,
+    # external_fragmentation, free) as fractions of the pool: after the last step, and averaged
+    # over the time since start (weighted by step duration).
+    kv_fractions: dict[str, float] = field(default_factory=dict)
+    kv_fractions_avg: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

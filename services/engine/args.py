@@ -11,6 +11,7 @@ from shared.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SimConfig,
 )
 
 
@@ -56,6 +57,28 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="compute each prompt in one step instead of budget-sized chunks",
     )
     sched.add_argument("--preemption-mode", default="recompute", choices=["swap", "recompute"])
+    sched.add_argument(
+        "--kv-policy",
+        default="paged",
+        choices=["paged", "orca-max", "orca-pow2", "orca-oracle"],
+        help="KV allocation: paged blocks, or an Orca baseline's contiguous reservation",
+    )
+
+    sim = parser.add_argument_group("simulated executor")
+    sim.add_argument(
+        "--executor",
+        default="model",
+        choices=["model", "sim"],
+        help="sim: run no model; time each step by a cost model of --sim-gpu and --sim-model",
+    )
+    sim.add_argument("--sim-gpu", default="a100-40gb", help="a100-40gb, a100-80gb, h100-80gb, ...")
+    sim.add_argument("--sim-model", default="opt-13b", help="opt-13b, opt-66b, llama-7b, ...")
+    sim.add_argument(
+        "--sim-kv-gb", type=float, default=None, help="KV pool (GiB); default: as on that GPU"
+    )
+    sim.add_argument(
+        "--sim-overhead-ms", type=float, default=None, help="per-step overhead; default: the GPU's"
+    )
 
     parallel = parser.add_argument_group("tensor parallelism")
     parallel.add_argument(
@@ -96,6 +119,14 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_chunked_prefill=args.chunked_prefill,
             preemption_mode=args.preemption_mode,
+            kv_policy=args.kv_policy,
+        ),
+        executor=args.executor,
+        sim=SimConfig(
+            gpu=args.sim_gpu,
+            model=args.sim_model,
+            kv_cache_bytes=int(args.sim_kv_gb * GiB) if args.sim_kv_gb else None,
+            step_overhead_s=None if args.sim_overhead_ms is None else args.sim_overhead_ms / 1e3,
         ),
         parallel=ParallelConfig(
             tensor_parallel_size=args.tensor_parallel_size,
@@ -117,10 +148,14 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--max-num-seqs", str(args.max_num_seqs),
         "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--preemption-mode", args.preemption_mode,
+        "--kv-policy", args.kv_policy,
         "--device", args.device,
         "--attention-backend", args.attention_backend,
         "--tensor-parallel-size", str(args.tensor_parallel_size),
         "--tp-master-addr", args.tp_master_addr,
+        "--executor", args.executor,
+        "--sim-gpu", args.sim_gpu,
+        "--sim-model", args.sim_model,
     ]  # fmt: skip
     optional = {
         "--model": model,
@@ -128,6 +163,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--num-threads": args.num_threads,
         "--num-device-blocks": args.num_device_blocks,
         "--tp-master-port": args.tp_master_port,
+        "--sim-kv-gb": args.sim_kv_gb,
+        "--sim-overhead-ms": args.sim_overhead_ms,
     }
     for flag, value in optional.items():
         if value is not None:

@@ -66,8 +66,14 @@ class StepStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_dir = resolve_model(config.model.model)
-        self.executor = Executor(config, self.model_dir)
+        if config.executor == "sim":
+            from services.executor.sim import SimExecutor
+
+            self.model_dir = None  # no model: no weights, no tokenizer
+            self.executor = SimExecutor(config)
+        else:
+            self.model_dir = resolve_model(config.model.model)
+            self.executor = Executor(config, self.model_dir)
         self.scheduler = Scheduler(config.scheduler, self.executor.ready())
         self.loop = StepLoop(self.scheduler)
         self.stats = StepStats()

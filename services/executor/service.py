@@ -23,8 +23,15 @@ HEARTBEAT_S = 1.0
 
 def serve(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
-    model_dir = resolve_model(config.model.model)
-    executor = Executor(config, model_dir)
+    if config.executor == "sim":
+        from dataclasses import replace
+
+        from services.executor.sim import SimExecutor
+
+        # Served requests see real latencies: the step sleeps for its modeled time.
+        executor = SimExecutor(replace(config, sim=replace(config.sim, realtime=True)))
+    else:
+        executor = Executor(config, resolve_model(config.model.model))
     ctx = zmq.Context()
     addresses = addresses_from_args(args)
     plans = make_socket(ctx, zmq.PULL, addresses.plans, bind=False)

@@ -41,6 +41,18 @@ class _SchedulerCollector:
         yield GaugeMetricFamily(
             "pagedserve_kv_cache_usage_ratio", "Fraction of device KV blocks in use", value=ratio
         )
+        for suffix, doc, values in (
+            ("", "after the last step", s.kv_fractions if s else {}),
+            ("_avg", "averaged over time since start", s.kv_fractions_avg if s else {}),
+        ):
+            family = GaugeMetricFamily(
+                f"pagedserve_kv_memory_fraction{suffix}",
+                f"Fraction of device KV slots by what they hold, {doc}",
+                labels=["kind"],
+            )
+            for kind, value in values.items():
+                family.add_metric([kind], value)
+            yield family
         yield CounterMetricFamily(
             "pagedserve_num_preemptions",
             "Preemptions since the scheduler started",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from services.scheduler.block_pool import BlockPool
+from services.scheduler.sequence import SequenceGroup
+from shared.sampling import SamplingParams
 
 # (seq_id, num_computed_tokens, num_new_tokens): one sequence's write this step.
 Write = tuple[int, int, int]
@@ -54,6 +56,31 @@ class BlockManager:
         """Distinct physical blocks held by these sequences (shared blocks count once)."""
         tables = self.cpu_tables if cpu else self.tables
         return len({b for s in seq_ids for b in tables.get(s, [])})
+
+    # ---- the allocation policy's questions (paged: blocks on demand, any free block will do) --
+    # The scheduler asks only these (and num_new_blocks) whether it may admit or grow a group;
+    # the Orca baselines (kv_policy.py) answer them with contiguous reservations instead.
+    def validate_request(self, sampling: SamplingParams) -> None:
+        """Raise InvalidRequestError for requests this policy cannot serve (paged: none)."""
+
+    def admission_blocks(self, group: SequenceGroup) -> int:
+        """Device blocks a waiting group needs to be admitted: its whole (re)computation."""
+        return sum(cdiv(s.num_tokens, self.block_size) for s in group.live_seqs())
+
+    def can_admit(self, group: SequenceGroup, num_blocks: int) -> bool:
+        """Whether the free blocks can take the group's admission_blocks (paged: any will do)."""
+        return True
+
+    def admit(self, group: SequenceGroup) -> None:
+        """Called once as the group is admitted (paged: nothing is reserved up front)."""
+
+    def held_blocks(self, seq_id: int) -> list[int]:
+        """Device blocks this sequence holds, in logical order (reservations included)."""
+        return self.tables.get(seq_id, [])
+
+    def unusable_free_blocks(self, num_blocks: int) -> int:
+        """Free blocks that cannot serve a request needing num_blocks (paged: none)."""
+        return 0
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_slots(self, seq_id: int, num_computed: int, num_new: int) -> None:

@@ -28,6 +28,15 @@ class BlockPool:
         self.ref_counts[block_id] = 1
         return block_id
 
+    def take(self, block_ids: list[int]) -> None:
+        """Allocate these particular free blocks (a contiguous allocator picks its own ids)."""
+        wanted = set(block_ids)
+        for block_id in wanted:
+            if self.ref_counts[block_id] != 0:
+                raise RuntimeError(f"{self.name} block {block_id} is not free")
+            self.ref_counts[block_id] = 1
+        self._free = deque(b for b in self._free if b not in wanted)
+
     def incref(self, block_id: int) -> None:
         if self.ref_counts[block_id] <= 0:
             raise RuntimeError(f"incref of free {self.name} block {block_id}")

@@ -11,7 +11,8 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.scheduler.block_manager import BlockManager, cdiv
+from services.scheduler.block_manager import BlockManager
+from services.scheduler.kv_policy import make_block_manager
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from shared.config import SchedulerConfig
 from shared.errors import InvalidRequestError
@@ -43,15 +44,19 @@ class Scheduler:
         self.block_size = ready.block_size
         self.vocab_size = ready.vocab_size
         self.eos_token_ids = frozenset(ready.eos_token_ids)
-        self.block_manager = BlockManager(
-            ready.block_size, ready.num_device_blocks, ready.num_cpu_blocks
-        )
         # Without chunked prefill a whole prompt must fit in one step, so the budget grows to the
         # longest prompt we accept.
         self.token_budget = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
+        self.block_manager: BlockManager = make_block_manager(
+            config.kv_policy,
+            ready.block_size,
+            ready.num_device_blocks,
+            ready.num_cpu_blocks,
+            self.max_seq_len,
+        )
         self.watermark_blocks = int(config.watermark * ready.num_device_blocks)
 
         self.waiting: deque[SequenceGroup] = (
@@ -77,6 +82,7 @@ class Scheduler:
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="id")
         self.validate_prompt(prompt_token_ids)
+        self.block_manager.validate_request(sampling)
         if sampling.num_samples > self.config.max_num_seqs:
             param = "best_of" if sampling.best_of else "n"
             raise InvalidRequestError(
@@ -145,8 +151,12 @@ class Scheduler:
         repeat the old one's.
         """
         groups = sorted([*self.running, *self.swapped, *self.waiting], key=lambda g: g.arrival)
-        self.block_manager = BlockManager(
-            ready.block_size, ready.num_device_blocks, ready.num_cpu_blocks
+        self.block_manager = make_block_manager(
+            self.config.kv_policy,
+            ready.block_size,
+            ready.num_device_blocks,
+            ready.num_cpu_blocks,
+            self.max_seq_len,
         )
         for group in groups:
             for seq in group.live_seqs():
@@ -249,14 +259,19 @@ class Scheduler:
         # Admit only when the whole (re)computation fits above the watermark, so an admitted
         # group is not preempted right away. Forked samples recomputed without their shared
         # prompt blocks can outgrow even an idle pool: those end instead of blocking the queue.
-        need = sum(cdiv(s.num_tokens, self.block_size) for s in group.live_seqs())
+        need = self.block_manager.admission_blocks(group)
         if not self.running and need > self.block_manager.device.num_blocks:
             self.waiting.popleft()
             self._end_for_capacity(group)
             return 0
-        if not (self._fits(need) and self._can_write(writes)):
+        if not (
+            self._fits(need)
+            and self.block_manager.can_admit(group, need)
+            and self._can_write(writes)
+        ):
             return None
         self.waiting.popleft()
+        self.block_manager.admit(group)
         group.set_status(SeqStatus.RUNNING)
         bisect.insort(self.running, group, key=lambda g: g.arrival)
         return self._write(group, writes, entries)

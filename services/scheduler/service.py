@@ -18,6 +18,7 @@ import zmq.asyncio
 
 from services.engine.args import add_engine_args, engine_config_from_args
 from services.restart_budget import RestartBudget, add_restart_args
+from services.scheduler.kv_accounting import KVAccountant, kv_breakdown
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from services.scheduler.step_loop import StepLoop
@@ -105,6 +106,8 @@ class SchedulerService:
         self._awaited_step: int | None = None  # the step whose result _results may deliver
         self._crashed = False
         self._num_steps = 0
+        self._kv_accountant = KVAccountant()
+        self._kv_fractions: dict[str, float] = {}
         self._preemptions = PreemptionLog()  # for the block map (KvStateRequest)
         self._restarts = restarts or RestartBudget(0, 1.0)
         self._executor_up = True  # False from its loss until a new one has announced itself
@@ -253,6 +256,9 @@ class SchedulerService:
             updates = loop.finish(plan, result)  # raises (the task dies) when nothing moved
             self._num_steps = loop.num_steps
             self._last_step = (loop.schedule_s, sum(result.timings.values()), t2 - t1)
+            breakdown = kv_breakdown(scheduler)
+            self._kv_fractions = breakdown.fractions()
+            self._kv_accountant.add(breakdown, t2 - t1)
             if self._plan_log is not None:
                 self._log_step(plan, updates)
             await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
@@ -389,6 +395,9 @@ class SchedulerService:
             executor_alive=self._executor_up and self._executor_alive(),
             executor_restarting=not self._executor_up,
             num_executor_restarts=self.num_executor_restarts,
+            kv_policy=self.config.scheduler.kv_policy,
+            kv_fractions=self._kv_fractions,
+            kv_fractions_avg=self._kv_accountant.averages(),
         )
 
 

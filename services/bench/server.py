@@ -1,0 +1,48 @@
+"""Start and stop a `pagedserve serve` child for one allocation policy (bench serve --launch)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from services.engine.args import engine_argv
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace, policy: str, port: int) -> None:
+        child = copy.copy(args)
+        child.kv_policy = policy
+        self.url = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "services.cli", "serve", "--port", str(port)]
+        self.proc = subprocess.Popen(
+            argv + engine_argv(child, args.model), start_new_session=True, env=os.environ.copy()
+        )
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pagedserve serve exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.url} not ready after {timeout_s} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
