@@ -56,7 +56,8 @@ async def test_a_burst_of_ten_times_the_queue_limit(serve):
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         # A paused executor holds the step in flight, so nothing leaves the queue during the
         # burst: exactly LIMIT requests may wait (well under its 10 s heartbeat timeout).
-        blocker = asyncio.ensure_future(_post(session, url, body))
+        # Long enough that the poll below cannot miss it running.
+        blocker = asyncio.ensure_future(_post(session, url, body | {"max_tokens": 300}))
         await wait_metric(session, serve.url, "pagedserve_num_requests_running", 1)
         os.kill(executor, signal.SIGSTOP)
         try:
