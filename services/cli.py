@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="scheduler+executor stacks behind the gateway (requests go to the least loaded)",
     )
+    from services.restart_budget import add_restart_args
+
+    add_restart_args(serve)
 
     from services.bench.commands import add_bench_parser
 

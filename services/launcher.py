@@ -1,4 +1,5 @@
-"""`pagedserve serve`: start executor, scheduler and gateway as processes, watch them, stop them."""
+"""`pagedserve serve`: start executor, scheduler and gateway as processes, watch them, restart
+a dead one within a budget, stop them in order."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import urllib.request
 from collections.abc import Callable
 
 from services.engine.args import engine_argv
+from services.restart_budget import RestartBudget
 from shared.ipc import Addresses
 from shared.model_source import model_name, resolve_model
 
 START_TIMEOUT_S = 900.0  # the first start converts the embedded model (~45 s on 2 cores)
 STOP_TIMEOUT_S = 10.0
+GIVE_UP_GRACE_S = 1.5  # lets the scheduler's "giving up" error events reach open streams
 
 
 class Stack:
@@ -29,6 +32,8 @@ class Stack:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, list[str]] = {}
+        self.budgets: dict[str, RestartBudget] = {}  # one per process name, made at its spawn
         self.ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")  # private pipes of this stack
 
     def start(self) -> None:
@@ -36,6 +41,8 @@ class Stack:
         model_dir = str(resolve_model(args.model))  # convert once, before children race to it
         engine = engine_argv(args, model_dir)
         name = ["--model-name", model_name(args.model)]
+        name += ["--max-restarts", str(args.max_restarts)]
+        name += ["--restart-window", str(args.restart_window)]
         if args.plan_log:
             name += ["--plan-log", args.plan_log]
         replicas = [
@@ -53,13 +60,35 @@ class Stack:
             gateway += ["--api-key", args.api_key]
         if args.max_queued_requests is not None:
             gateway += ["--max-queued-requests", str(args.max_queued_requests)]
+        if args.request_timeout is not None:
+            gateway += ["--request-timeout", str(args.request_timeout)]
         for addresses in replicas[1:]:
             gateway += ["--replica-addrs", f"{addresses.requests},{addresses.deltas}"]
         self._spawn("gateway", ["-m", "services.gateway", *gateway, *_wires(replicas[0])])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
+        self.argv[name] = argv
+        if name not in self.budgets:
+            self.budgets[name] = RestartBudget(self.args.max_restarts, self.args.restart_window)
         self.procs[name] = subprocess.Popen([sys.executable, *argv], start_new_session=True)
+
+    def restart(self, name: str) -> bool:
+        """Start a new `name` in place of the dead one; False when its budget is spent.
+
+        The scheduler binds every pipe, so the others reconnect to a new one by themselves;
+        but the executor holds the dead scheduler's sequences and blocks, so it is replaced too.
+        A new executor announces itself and the scheduler requeues its requests there; a new
+        gateway is announced the model when it connects.
+        """
+        if not self.budgets[name].allow():
+            return False
+        self._spawn(name, self.argv[name])
+        if name.startswith("scheduler"):
+            executor = name.replace("scheduler", "executor")  # the same replica's
+            self._stop_one(executor)
+            self._spawn(executor, self.argv[executor])
+        return True
 
     def exited(self) -> tuple[str, int] | None:
         for name, proc in self.procs.items():
@@ -91,15 +120,18 @@ class Stack:
         # Gateway first (it ends open streams), then the schedulers, then the executors.
         order = {"gateway": 0, "scheduler": 1, "executor": 2}
         for name in sorted(self.procs, key=lambda n: order[n.split("-")[0]]):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            self._stop_one(name)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def _stop_one(self, name: str) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _wires(addresses: Addresses) -> list[str]:
@@ -138,13 +170,24 @@ def serve(args: argparse.Namespace) -> int:
         while stopping["signal"] is None:
             gone = stack.exited()
             if gone is not None:
+                name, code = gone
+                if stack.restart(name):
+                    pids = {n: p.pid for n, p in stack.procs.items()}
+                    print(
+                        f"pagedserve: the {name} process exited with code {code}; restarted "
+                        f"{json.dumps({'pids': pids})}",
+                        flush=True,
+                    )
+                    continue
                 print(
-                    f"pagedserve: the {gone[0]} process exited with code {gone[1]}; "
+                    f"pagedserve: the {name} process exited with code {code} "
+                    f"with its restart budget ({stack.budgets[name].describe()}) spent; "
                     "stopping the others",
                     file=sys.stderr,
                 )
+                time.sleep(GIVE_UP_GRACE_S)
                 return 1
-            time.sleep(0.2)
+            time.sleep(0.1)
         return 0
     finally:
         stack.stop()

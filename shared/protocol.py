@@ -37,6 +37,11 @@ class ScheduledSeq:
     # after the step) that each sample their own first token from the same logits.
     fork_seq_ids: list[int] = field(default_factory=list)
     sampling: SamplingParams | None = None  # sent on the sequence's first appearance only
+    # Also only with `sampling`: what an executor that never saw the group (a restarted one)
+    # cannot learn from the tokens, so that draws keyed by (seed, sample index, output position)
+    # repeat exactly: the sample's index among the request's samples and the prompt's length.
+    sample_index: int = 0
+    prompt_len: int | None = None
 
 
 @dataclass
@@ -131,6 +136,8 @@ class SchedulerStats:
     step_executor_s: float = 0.0  # last step: the executor's own time (plan in, result out)
     step_roundtrip_s: float = 0.0  # last step: plan sent -> result received, as seen by scheduler
     executor_alive: bool = True  # the executor's heartbeat is fresh
+    executor_restarting: bool = False  # the executor died; its requests wait for a new one
+    num_executor_restarts: int = 0  # executors lost and replaced since start
     kv_policy: str = "paged"  # the KV allocation policy
     # Device KV slots by kind (token_states, reserved, internal_fragmentation,
     # external_fragmentation, free) as fractions of the pool: after the last step, and averaged

@@ -166,12 +166,14 @@ def test_top_k_top_p_and_min_p_keep_exactly_their_tokens():
 
 
 def test_huge_top_k_keeps_every_token_beside_a_top_k_row():
-    logits = torch.zeros(2, 8)  # uniform: every token must show up when nothing is cut
+    # Distinct but close values: a row cut to any k < 8 would lose its smallest tokens, while
+    # each token keeps probability above 1/10, so 300 uncut draws show all of them.
+    logits = torch.linspace(0.0, 0.5, 8).repeat(2, 1)
     params = [SamplingParams(top_k=2**31 - 1, seed=i) for i in range(300)]
     params.append(SamplingParams(top_k=1, seed=2))
     states = _states(params, vocab=8)
     draws = [Draw(0, i) for i in range(300)] + [Draw(1, 300)]
-    logits[1, 5] = 1.0
+    logits[1, 5] = 2.0
     tokens = sample(logits, states.build(draws)).token_ids.tolist()
     assert set(tokens[:300]) == set(range(8))
     assert tokens[300] == 5

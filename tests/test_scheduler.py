@@ -816,12 +816,11 @@ def test_swapped_parallel_samples_come_back_once_the_pool_is_free():
 
 
 def test_a_request_with_more_samples_than_max_num_seqs_does_not_block_the_queue():
-    # n=3 can never get 3 seats out of 2: reject it up front or run it, but never hang.
+    # n=3 can never get 3 seats out of 2: it is refused up front, without a trace.
     scheduler = make_scheduler(max_num_seqs=2)
-    try:
+    with pytest.raises(InvalidRequestError, match="max_num_seqs=2"):
         add(scheduler, "a", 3, n=3, max_tokens=2)
-    except InvalidRequestError:
-        assert scheduler.groups == {}
+    assert scheduler.groups == {} and not scheduler.waiting
     add(scheduler, "b", 3, first=20, max_tokens=2)
     run_until_done(scheduler)
     assert_pools_free(scheduler)

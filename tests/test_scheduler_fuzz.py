@@ -1,4 +1,5 @@
-"""Seeded random workloads through the scheduler alone: no crash, no leak, everyone finishes."""
+"""Seeded random workloads through the scheduler alone: FCFS order, newest-first whole-group
+victims, progress every step, no leak, everyone finishes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import random
 import pytest
 
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.sequence import SeqStatus
+from services.scheduler.step_loop import StepLoop
 from shared.config import SchedulerConfig
 from shared.errors import InvalidRequestError
 from shared.protocol import ExecutorReady, SampledToken, StepResult
@@ -37,6 +40,7 @@ def _simulate(seed: int) -> Scheduler:
             eos_token_ids=(EOS,),
         ),
     )
+    loop = StepLoop(scheduler)
     pending = [
         (f"r{i}", [rng.randrange(3, 50) for _ in range(rng.randint(1, 24))])
         for i in range(rng.randint(1, 10))
@@ -53,18 +57,50 @@ def _simulate(seed: int) -> Scheduler:
                 pass
         if scheduler.groups and rng.random() < 0.03:
             scheduler.abort(rng.choice(sorted(scheduler.groups)))
-        plan = scheduler.schedule()
+        running_before = list(scheduler.running)
+        plan = loop.plan()
         scheduler.block_manager.check()
+        _check_order_and_victims(scheduler, running_before, seed)
         tokens = []
         for seq in plan.seqs:
             if seq.sample:
                 for seq_id in (seq.seq_id, *seq.fork_seq_ids):
                     tokens.append(SampledToken(seq_id, EOS if rng.random() < 0.02 else 7))
-        scheduler.update(StepResult(plan.step_id, tokens))
+        loop.finish(plan, StepResult(plan.step_id, tokens))  # raises if nothing moved
         scheduler.block_manager.check()
         if not pending and not scheduler.groups:
             return scheduler
     raise AssertionError(f"seed {seed}: requests still unfinished after 2000 steps")
+
+
+def _arrivals(groups) -> list[int]:
+    return [g.arrival for g in groups]
+
+
+def _check_order_and_victims(scheduler: Scheduler, running_before: list, seed: int) -> None:
+    """FCFS: queues in arrival order, victims the newest running groups (whole), and a group
+    (re)enters `running` only ahead of every group still queued, never while one was preempted."""
+    for queue in (scheduler.running, scheduler.swapped, scheduler.waiting):
+        assert _arrivals(queue) == sorted(_arrivals(queue)), f"seed {seed}"
+    running = set(map(id, scheduler.running))
+    victims = [g for g in running_before if id(g) not in running and not g.is_finished]
+    kept = [g for g in running_before if id(g) in running]
+    if victims and kept:
+        assert max(_arrivals(kept)) < min(_arrivals(victims)), f"seed {seed}: victim order"
+    for group in victims:
+        for seq in group.live_seqs():
+            assert seq.seq_id not in scheduler.block_manager.tables, f"seed {seed}: partial"
+            if seq.status is SeqStatus.WAITING:
+                assert seq.num_computed_tokens == 0, f"seed {seed}"
+            else:
+                assert seq.status is SeqStatus.SWAPPED, f"seed {seed}"
+    before = set(map(id, running_before))
+    resumed = [g for g in scheduler.running if id(g) not in before]
+    queued = list(scheduler.waiting) + list(scheduler.swapped)
+    if resumed:
+        assert not victims, f"seed {seed}: admitted beside a preemption"
+        if queued:
+            assert max(_arrivals(resumed)) < min(_arrivals(queued)), f"seed {seed}: FCFS"
 
 
 @pytest.mark.parametrize("chunk", range(10))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from services.executor.executor import Executor
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from services.scheduler.sequence import SequenceGroup
+from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
 from shared.model_source import resolve_model
 from shared.protocol import SampledToken
@@ -74,6 +75,7 @@ class LLMEngine:
             self.model_dir = resolve_model(config.model.model)
             self.executor = Executor(config, self.model_dir)
         self.scheduler = Scheduler(config.scheduler, self.executor.ready())
+        self.loop = StepLoop(self.scheduler)
         self.stats = StepStats()
         self._ids = itertools.count()
         self._tokenizer = None
@@ -113,17 +115,13 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[GroupUpdate]:
-        t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self.loop.plan()
         t1 = time.perf_counter()
         result = self.executor.execute(plan)
         t2 = time.perf_counter()
-        updates = self.scheduler.update(result)
-        t3 = time.perf_counter()
-        if not plan.seqs and not updates and self.scheduler.has_unfinished():
-            raise RuntimeError("the scheduler made no progress with requests pending")
+        updates = self.loop.finish(plan, result)
         seconds = self.stats.seconds
-        seconds["schedule"] += (t1 - t0) + (t3 - t2)
+        seconds["schedule"] += self.loop.schedule_s
         seconds["execute"] += t2 - t1
         for phase, value in result.timings.items():
             seconds[phase] += value

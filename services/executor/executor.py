@@ -193,7 +193,7 @@ class Executor:
                         f"plan schedules unknown sequence {seq.seq_id} without sampling"
                     )
                 if driver:
-                    self.sampling.add(seq.seq_id, seq.sampling)
+                    self.sampling.add(seq.seq_id, seq.sampling, seq.sample_index, seq.prompt_len)
             self.block_tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
             if driver:
                 self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)

@@ -115,9 +115,15 @@ class SamplingStates:
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
 
-    def add(self, seq_id: int, params: SamplingParams) -> None:
+    def add(
+        self,
+        seq_id: int,
+        params: SamplingParams,
+        sample_index: int = 0,
+        prompt_len: int | None = None,
+    ) -> None:
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        state = SeqSampling(params, seed, 0)
+        state = SeqSampling(params, seed, sample_index, prompt_len)
         if params.has_penalties:
             state.penalty_slot = self.penalties.acquire()
         if params.guided is not None:

@@ -55,12 +55,21 @@ def serve(args: argparse.Namespace) -> int:
                 if _orphaned(args.parent_pid):
                     log.warning("parent process is gone; exiting")
                     return 1
+                if not executor.ranks_alive():
+                    log.error("a tensor-parallel rank has exited; exiting so that all restart")
+                    return 1
                 continue
             if isinstance(message, Shutdown):
                 executor.close()
                 return 0
             if isinstance(message, StepPlan):
-                send_sync(results, executor.execute(message))
+                result = executor.execute(message)
+                if not executor.ranks_alive():
+                    # A dead rank is this executor's death: exit instead of failing requests, so
+                    # the launcher starts a new executor and the scheduler recomputes them there.
+                    log.error("a tensor-parallel rank has exited; exiting so that all restart")
+                    return 1
+                send_sync(results, result)
     finally:
         stop.set()
         executor.close()

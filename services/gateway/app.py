@@ -35,6 +35,7 @@ def create_app(
     *,
     api_key: str | None = None,
     max_queued_requests: int | None = None,
+    request_timeout_s: float | None = None,
 ) -> web.Application:
     state = GatewayState(
         backend=backend,
@@ -43,6 +44,7 @@ def create_app(
         texts=TokenTexts(tokenizer),
         api_key=api_key,
         max_queued_requests=max_queued_requests,
+        request_timeout_s=request_timeout_s,
     )
     app = web.Application(middlewares=[_errors, _auth], client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
@@ -108,11 +110,13 @@ async def _model(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    if not request.app[STATE].backend.ready:
+    backend = request.app[STATE].backend
+    # Degraded: still serving, and saying so: some replica is down, or a dead executor is being
+    # replaced (its requests wait for the new one).
+    degraded = getattr(backend, "degraded", False)
+    if not (backend.ready or degraded):
         error = ServiceUnavailableError("the model server is not ready", code="not_ready")
         return web.json_response(error.to_dict(), status=error.http_status)
-    # Several replicas: still serving while one is down, and saying so.
-    degraded = getattr(request.app[STATE].backend, "degraded", False)
     return web.json_response({"status": "degraded" if degraded else "ok"})
 
 
@@ -140,7 +144,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except PagedServeError as exc:
-        return web.json_response(exc.to_dict(), status=exc.http_status)
+        # Clients that back off (OpenAI's included) read Retry-After on 429 and 503.
+        headers = {"Retry-After": "1"} if exc.http_status in (429, 503) else None
+        return web.json_response(exc.to_dict(), status=exc.http_status, headers=headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -15,6 +15,11 @@ class RateLimitError(PagedServeError):
     error_type = "rate_limit_error"
 
 
+class RequestTimeoutError(PagedServeError):
+    http_status = 408
+    error_type = "timeout_error"
+
+
 class ServiceUnavailableError(PagedServeError):
     http_status = 503
     error_type = "service_unavailable_error"

@@ -58,6 +58,16 @@ class _SchedulerCollector:
             "Preemptions since the scheduler started",
             value=s.num_preemptions if s else 0,
         )
+        yield CounterMetricFamily(
+            "pagedserve_executor_restarts",
+            "Dead executors replaced (their requests recomputed) since the scheduler started",
+            value=s.num_executor_restarts if s else 0,
+        )
+        yield GaugeMetricFamily(
+            "pagedserve_executor_restarting",
+            "1 while a dead executor is being replaced",
+            value=1 if s and s.executor_restarting else 0,
+        )
 
 
 class _ReplicaCollector:

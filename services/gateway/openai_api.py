@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +48,7 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
     model = _check_model(body, info)
     prompt = _single_prompt(body.get("prompt"))
     if isinstance(prompt, str):
+        check_text_len(len(prompt), info, tokenizer, "prompt")
         prompt_ids = list(tokenizer.encode(prompt))
     else:
         _check_token_ids(prompt, info.executor.vocab_size)
@@ -83,6 +85,7 @@ def parse_chat_request(body: Any, info: SchedulerReady, tokenizer: Any) -> Parse
     body = _require_object(body)
     reject_unsupported(body, "chat")
     model = _check_model(body, info)
+    check_text_len(chat_text_chars(body.get("messages")), info, tokenizer, "messages")
     prompt_ids = chat_prompt_ids(tokenizer, body.get("messages"))
     _check_prompt_len(prompt_ids, info, "messages")
 
@@ -171,6 +174,44 @@ def _check_token_ids(ids: list[int], vocab_size: int) -> None:
             raise InvalidRequestError(
                 f"prompt token id {t} is outside the vocabulary [0, {vocab_size})", param="prompt"
             )
+
+
+def check_text_len(text_chars: int, info: SchedulerReady, tokenizer: Any, param: str) -> None:
+    """Refuse text that must tokenize past the context, before paying for its tokenization.
+
+    A token's string covers at most `longest token` characters of text (byte-level tokens spell
+    one byte per character, and a character is at least one byte), so text longer than
+    limit x that many characters has more than `limit` tokens.
+    """
+    limit = max_seq_len(info)
+    if text_chars > limit * _longest_token(tokenizer):
+        raise InvalidRequestError(
+            f"the prompt has {text_chars} characters, more than fit this server's context of "
+            f"{limit} tokens",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+@functools.cache
+def _longest_token(tokenizer: Any) -> int:
+    return max(1, max(len(token) for token in tokenizer.get_vocab()))
+
+
+def chat_text_chars(messages: Any) -> int:
+    """Characters of text in chat messages (whatever their shape; the template checks it)."""
+    if not isinstance(messages, list):
+        return 0
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            if isinstance(part, dict):
+                part = part.get("text")
+            if isinstance(part, str):
+                total += len(part)
+    return total
 
 
 def _check_prompt_len(ids: list[int], info: SchedulerReady, param: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway.request_fields import supported_fields
+from services.gateway.request_fields import MESSAGES, supported_fields
 
 _ERROR = {
     "description": "OpenAI-style error",
@@ -68,7 +68,7 @@ def openapi_spec(model_name: str | None) -> dict[str, Any]:
     tokenize = {
         "model": {"type": "string"},
         "prompt": {"type": "string"},
-        "messages": {"type": "array", "items": {"type": "object"}},
+        "messages": MESSAGES,
         "add_special_tokens": {"type": "boolean"},
         "return_token_strs": {"type": "boolean"},
     }

@@ -60,7 +60,15 @@ class ReplicaRouter:
             for f in dataclasses.fields(SchedulerStats)
             if f.type in ("int", int)
         }
-        return SchedulerStats(**summed, executor_alive=all(s.executor_alive for s in stats))
+        return SchedulerStats(
+            **summed,
+            executor_alive=all(s.executor_alive for s in stats),
+            executor_restarting=any(s.executor_restarting for s in stats),
+        )
+
+    @property
+    def num_in_transit(self) -> int:
+        return sum(getattr(r, "num_in_transit", 0) for r in self.replicas)
 
     def replica_table(self) -> list[tuple[bool, int, int, SchedulerStats | None]]:
         """Per replica: (ready, requests routed, tokens owed, latest stats), for /metrics."""

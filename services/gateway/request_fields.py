@@ -63,8 +63,22 @@ COMPLETION_ONLY: dict[str, dict[str, Any]] = {
     "logprobs": {**_INT, "minimum": 0, "maximum": 5},
 }
 
+# What shared/chat.py accepts: a string role, content as text or a list of text parts.
+MESSAGES: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": ["system", "user", "assistant"]},
+            "content": {"type": "string"},
+        },
+    },
+}
+
 CHAT_ONLY: dict[str, dict[str, Any]] = {
-    "messages": {"type": "array", "items": {"type": "object"}},
+    "messages": MESSAGES,
     "max_tokens": {**_INT, "minimum": 1},
     "max_completion_tokens": {**_INT, "minimum": 1},
     "logprobs": _BOOL,

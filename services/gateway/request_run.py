@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -10,7 +11,7 @@ from typing import Any
 
 from services.gateway.backend import BackendGone
 from services.gateway.detokenizer import IncrementalDetokenizer
-from services.gateway.http_errors import ServiceUnavailableError
+from services.gateway.http_errors import RequestTimeoutError, ServiceUnavailableError
 from services.gateway.openai_api import ParsedRequest
 from services.gateway.state import GatewayState
 from shared.errors import InvalidRequestError, ModelNotFoundError, PagedServeError
@@ -20,7 +21,12 @@ log = logging.getLogger(__name__)
 
 _STATUS_BY_TYPE = {
     cls.error_type: cls.http_status
-    for cls in (InvalidRequestError, ModelNotFoundError, ServiceUnavailableError)
+    for cls in (
+        InvalidRequestError,
+        ModelNotFoundError,
+        ServiceUnavailableError,
+        RequestTimeoutError,
+    )
 }
 
 
@@ -126,7 +132,16 @@ class RequestRun:
                     arrival_time=self.arrival,
                 )
                 self._iter = aiter(self.state.backend.generate(request))
-            delta = await anext(self._iter)
+            delta = await asyncio.wait_for(anext(self._iter), self._time_left())
+        except TimeoutError:
+            # Leaving unfinished makes __aexit__ abort it, which frees its blocks.
+            self._done = self._failed = True
+            limit = self.state.request_timeout_s
+            error = RequestTimeoutError(
+                f"the request did not finish within the server's {limit:g} s request timeout",
+                code="request_timeout",
+            )
+            raise GenerationFailed(error.to_dict()["error"]) from None
         except StopAsyncIteration:
             self._done = True
             if self.finished:
@@ -137,6 +152,10 @@ class RequestRun:
             self._done = self._failed = self._gone = True
             raise GenerationFailed(_unavailable(f"the model backend is gone: {exc}")) from exc
         return self._apply(delta)
+
+    def _time_left(self) -> float | None:
+        limit = self.state.request_timeout_s
+        return None if limit is None else max(0.0, self.arrival + limit - time.time())
 
     def _apply(self, delta: RequestDelta) -> list[SampleUpdate]:
         self._on_delta(delta)

@@ -31,6 +31,13 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="answer 429 while this many requests wait for admission",
     )
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="seconds a request may take from arrival to its last token; then it ends with a "
+        "timeout error (HTTP 408, or an error event on a stream) and its KV blocks are freed",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer,
         api_key=args.api_key or None,  # an empty key (compose's default) means no key
         max_queued_requests=args.max_queued_requests,
+        request_timeout_s=args.request_timeout,
     )
 
     async def start_backend(app: web.Application) -> None:

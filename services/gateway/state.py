@@ -26,6 +26,7 @@ class GatewayState:
     texts: TokenTexts
     api_key: str | None = None
     max_queued_requests: int | None = None
+    request_timeout_s: float | None = None  # a request running longer ends with a timeout error
     # Submitted by this gateway but without any delta yet: the scheduler's num_waiting may not
     # count them yet, and a burst must not slip past the queue limit in between.
     num_unstarted: int = 0
@@ -34,7 +35,9 @@ class GatewayState:
 
     def require_info(self) -> SchedulerReady:
         info = self.backend.info
-        if not self.backend.ready or info is None:
+        # While a dead executor is replaced, new requests queue like the ones in flight.
+        usable = self.backend.ready or getattr(self.backend, "degraded", False)
+        if not usable or info is None:
             raise ServiceUnavailableError("the model server is not ready", code="not_ready")
         return info
 
@@ -42,7 +45,12 @@ class GatewayState:
         if self.max_queued_requests is None:
             return
         stats = self.backend.stats
-        queued = (stats.num_waiting if stats is not None else 0) + self.num_unstarted
+        # A backend that tracks acknowledgements knows exactly what is in transit; otherwise
+        # count the requests without a first delta (may overlap num_waiting briefly).
+        in_transit = getattr(self.backend, "num_in_transit", None)
+        if in_transit is None:
+            in_transit = self.num_unstarted
+        queued = (stats.num_waiting if stats is not None else 0) + in_transit
         if queued >= self.max_queued_requests:
             raise RateLimitError(
                 f"too many queued requests ({queued}); retry later", code="queue_full"

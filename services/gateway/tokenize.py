@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from services.gateway.openai_api import max_seq_len
+from services.gateway.openai_api import chat_text_chars, check_text_len, max_seq_len
 from services.gateway.serving import read_json
 from services.gateway.state import GatewayState
 from shared.chat import chat_prompt_ids
@@ -23,6 +23,7 @@ def tokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
     if ("prompt" in body) == ("messages" in body):
         raise InvalidRequestError("give exactly one of `prompt` and `messages`", param="prompt")
     if "messages" in body:
+        check_text_len(chat_text_chars(body["messages"]), info, state.tokenizer, "messages")
         ids = chat_prompt_ids(state.tokenizer, body["messages"])
     else:
         prompt = body["prompt"]
@@ -31,6 +32,7 @@ def tokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
         add_special = body.get("add_special_tokens", True)
         if not isinstance(add_special, bool):
             raise InvalidRequestError("add_special_tokens must be a boolean", "add_special_tokens")
+        check_text_len(len(prompt), info, state.tokenizer, "prompt")
         ids = list(state.tokenizer.encode(prompt, add_special_tokens=add_special))
     result: dict[str, Any] = {"count": len(ids), "max_model_len": max_seq_len(info), "tokens": ids}
     if body.get("return_token_strs") is True:

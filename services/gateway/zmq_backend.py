@@ -14,6 +14,7 @@ import zmq.asyncio
 from services.gateway.backend import BackendGone
 from services.gateway.kv_state import KvStateCache
 from shared.ipc import Addresses, make_socket, recv, send
+from shared.peer_watch import PeerWatch
 from shared.protocol import (
     AbortRequest,
     GenerateRequest,
@@ -37,6 +38,10 @@ class ZmqBackend:
         self._stats: SchedulerStats | None = None
         self._last_seen = 0.0
         self._queues: dict[str, asyncio.Queue[RequestDelta | BackendGone]] = {}
+        # Sent but not yet acknowledged: the scheduler's num_waiting does not count these yet.
+        # Dropped in the same reader step that takes the stats carrying their ack, so a request
+        # is never counted twice (in transit and waiting) nor not at all.
+        self._unacked: set[str] = set()
         self._reader: asyncio.Task | None = None
         self._kv_states = KvStateCache(self._request_kv_state)
 
@@ -46,12 +51,14 @@ class ZmqBackend:
         self._deltas = make_socket(self._ctx, zmq.PULL, self.addresses.deltas, bind=False)
         self._send_lock = asyncio.Lock()
         self._reader = asyncio.create_task(self._read())
+        self._watch = asyncio.create_task(PeerWatch(self._requests, self._on_scheduler_lost).run())
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        for task in (self._reader, getattr(self, "_watch", None)):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._ctx.destroy(linger=0)
 
     @property
@@ -63,6 +70,11 @@ class ZmqBackend:
         return self.alive and (self._stats is None or self._stats.executor_alive)
 
     @property
+    def degraded(self) -> bool:
+        """The scheduler is up but replacing a dead executor: requests wait, none is lost."""
+        return self.alive and self._stats is not None and self._stats.executor_restarting
+
+    @property
     def info(self) -> SchedulerReady | None:
         return self._info
 
@@ -70,9 +82,14 @@ class ZmqBackend:
     def stats(self) -> SchedulerStats | None:
         return self._stats
 
+    @property
+    def num_in_transit(self) -> int:
+        return len(self._unacked)
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestDelta]:
         queue: asyncio.Queue[RequestDelta | BackendGone] = asyncio.Queue()
         self._queues[request.request_id] = queue
+        self._unacked.add(request.request_id)
         try:
             async with self._send_lock:
                 await send(self._requests, request)
@@ -80,7 +97,7 @@ class ZmqBackend:
                 try:
                     delta = await asyncio.wait_for(queue.get(), 1.0)
                 except TimeoutError:
-                    if not self.ready:
+                    if not (self.ready or self.degraded):
                         raise BackendGone("the scheduler or executor stopped responding") from None
                     continue
                 if isinstance(delta, BackendGone):
@@ -90,11 +107,22 @@ class ZmqBackend:
                     return
         finally:
             self._queues.pop(request.request_id, None)
+            self._unacked.discard(request.request_id)
 
     def fail_all(self, reason: str) -> None:
         """End every open stream with BackendGone (the gateway is shutting down)."""
         for queue in self._queues.values():
             queue.put_nowait(BackendGone(reason))
+
+    def _on_scheduler_lost(self) -> None:
+        # Its requests died with it: end their streams now rather than after missed heartbeats,
+        # and answer 503 until a new scheduler announces itself.
+        if self._info is None:
+            return
+        log.error("the scheduler's connection closed; ending %d streams", len(self._queues))
+        self._info = None
+        self._stats = None
+        self.fail_all("the scheduler process died")
 
     async def kv_state(self) -> KvState:
         """The scheduler's block map, at most MIN_INTERVAL_S old."""
@@ -117,11 +145,13 @@ class ZmqBackend:
                 if self.stats_log is not None and message.deltas:
                     self.stats_log.append(message.stats)
                 for delta in message.deltas:
+                    self._unacked.discard(delta.request_id)
                     queue = self._queues.get(delta.request_id)
                     if queue is not None:
                         queue.put_nowait(delta)
             elif isinstance(message, KvState):
                 self._kv_states.deliver(message)
             elif isinstance(message, SchedulerReady):
+                if self._info is None:
+                    log.info("backend ready: %s", message.model_name)
                 self._info = message
-                log.info("backend ready: %s", message.model_name)

@@ -66,6 +66,7 @@ class Scheduler:
         self.swapped: list[SequenceGroup] = []  # arrival order
         self.groups: dict[str, SequenceGroup] = {}
         self._inflight: dict[int, list[_Entry]] = {}  # step_id -> what that plan scheduled
+        self._inflight_victims: dict[int, list[SequenceGroup]] = {}  # step_id -> swapped out
         self._freed_seq_ids: list[int] = []
         self._pending_updates: list[GroupUpdate] = []  # requests ended by schedule() itself
         self._next_seq_id = 0
@@ -144,6 +145,34 @@ class Scheduler:
             self._finish(group, seq, "abort")
         return GroupUpdate(group, finished=True)
 
+    def requeue_all(self, ready: ExecutorReady) -> None:
+        """A new executor with empty pools replaced a dead one: every unfinished group is
+        recomputed from its prompt and the tokens it has emitted, in arrival order.
+
+        The plan in flight is forgotten (its tokens were never reported). Sequences are announced
+        again, with their sample index and prompt length, so the new executor's seeded draws
+        repeat the old one's.
+        """
+        groups = sorted([*self.running, *self.swapped, *self.waiting], key=lambda g: g.arrival)
+        self.block_manager = make_block_manager(
+            self.config.kv_policy,
+            ready.block_size,
+            ready.num_device_blocks,
+            ready.num_cpu_blocks,
+            self.max_seq_len,
+        )
+        for group in groups:
+            for seq in group.live_seqs():
+                seq.num_computed_tokens = 0
+                seq.announced = False
+            if group.forked and len(group.seqs) < group.sampling.num_samples:
+                group.forked = False  # the fork step was lost with the executor: fork again
+            group.set_status(SeqStatus.WAITING)
+        self.running, self.swapped, self.waiting = [], [], deque(groups)
+        self._inflight.clear()
+        self._inflight_victims.clear()
+        self._freed_seq_ids = []  # the new executor knows none of them
+
     def has_unfinished(self) -> bool:
         return bool(self.groups)
 
@@ -157,6 +186,7 @@ class Scheduler:
         entries: list[_Entry] = []
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
+        victims: list[SequenceGroup] = []  # swapped out by this plan
         preempted = False
 
         i = 0
@@ -172,7 +202,8 @@ class Scheduler:
                     self.running.pop()  # alone and still too big for the whole pool
                     self._end_for_capacity(group)
                     break
-                self._preempt(victim, swap_out)
+                if self._preempt(victim, swap_out):
+                    victims.append(victim)
                 preempted = True
                 if victim is group:
                     break
@@ -180,67 +211,94 @@ class Scheduler:
                 budget -= self._write(group, writes, entries)
                 i += 1
 
-        # The paper's rule: while any group is preempted, admit no new one. Swapped groups come
-        # back first; recompute-preempted ones sit at the head of `waiting` in arrival order.
-        while self.swapped and not preempted:
-            group = self.swapped[0]
-            writes = self._plan_writes(group, budget)
-            if writes is None or not self._has_seats(group):
-                break
-            seq_ids = [s.seq_id for s in group.live_seqs()]
-            need = self.block_manager.num_blocks_of(seq_ids, cpu=True) + (
-                self.block_manager.num_new_blocks(self._as_writes(writes), swapped=True)
+        # The paper's rule: while any group is preempted, admit no new one. Preempted groups come
+        # back in arrival order whichever way they left (swapped, or recomputed at the head of
+        # `waiting`); never-run groups are newer than all of them, so one merge of the two
+        # queues by arrival is FCFS.
+        while not preempted and (self.swapped or self.waiting):
+            swapped_first = bool(self.swapped) and (
+                not self.waiting or self.swapped[0].arrival < self.waiting[0].arrival
             )
-            if not self._fits(need):
-                if not self.running and need > self.block_manager.device.num_blocks:
-                    self.swapped.pop(0)
-                    self._end_for_capacity(group)
-                    continue
+            resume = self._swap_in if swapped_first else self._admit
+            used = resume(budget, entries, swap_in)
+            if used is None:
                 break
-            self.swapped.pop(0)
-            swap_in.extend(self.block_manager.swap_in(seq_ids))
-            group.set_status(SeqStatus.RUNNING)
-            bisect.insort(self.running, group, key=lambda g: g.arrival)
-            budget -= self._write(group, writes, entries)
+            budget -= used
 
-        while self.waiting and not self.swapped and not preempted:
-            group = self.waiting[0]
-            writes = self._plan_writes(group, budget)
-            if writes is None or not self._has_seats(group):
-                break
-            # Admit only when the whole (re)computation fits above the watermark, so an admitted
-            # group is not preempted right away. Forked samples recomputed without their shared
-            # prompt blocks can outgrow even an idle pool: those end instead of blocking the queue.
-            need = self.block_manager.admission_blocks(group)
+        return self._make_plan(entries, swap_out, swap_in, victims)
+
+    def _swap_in(
+        self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
+    ) -> int | None:
+        """Bring swapped[0] back; the tokens it computes, or None when it must wait."""
+        group = self.swapped[0]
+        writes = self._plan_writes(group, budget)
+        if writes is None or not self._has_seats(group):
+            return None
+        seq_ids = [s.seq_id for s in group.live_seqs()]
+        need = self.block_manager.num_blocks_of(seq_ids, cpu=True) + (
+            self.block_manager.num_new_blocks(self._as_writes(writes), swapped=True)
+        )
+        if not self._fits(need):
             if not self.running and need > self.block_manager.device.num_blocks:
-                self.waiting.popleft()
+                self.swapped.pop(0)
                 self._end_for_capacity(group)
-                continue
-            if not (
-                self._fits(need)
-                and self.block_manager.can_admit(group, need)
-                and self._can_write(writes)
-            ):
-                break
-            self.waiting.popleft()
-            self.block_manager.admit(group)
-            group.set_status(SeqStatus.RUNNING)
-            bisect.insort(self.running, group, key=lambda g: g.arrival)
-            budget -= self._write(group, writes, entries)
+                return 0
+            return None
+        self.swapped.pop(0)
+        swap_in.extend(self.block_manager.swap_in(seq_ids))
+        group.set_status(SeqStatus.RUNNING)
+        bisect.insort(self.running, group, key=lambda g: g.arrival)
+        return self._write(group, writes, entries)
 
-        return self._make_plan(entries, swap_out, swap_in)
+    def _admit(
+        self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
+    ) -> int | None:
+        """Admit waiting[0] (new or recompute-preempted); its tokens, or None when it must wait."""
+        group = self.waiting[0]
+        writes = self._plan_writes(group, budget)
+        if writes is None or not self._has_seats(group):
+            return None
+        # Admit only when the whole (re)computation fits above the watermark, so an admitted
+        # group is not preempted right away. Forked samples recomputed without their shared
+        # prompt blocks can outgrow even an idle pool: those end instead of blocking the queue.
+        need = self.block_manager.admission_blocks(group)
+        if not self.running and need > self.block_manager.device.num_blocks:
+            self.waiting.popleft()
+            self._end_for_capacity(group)
+            return 0
+        if not (
+            self._fits(need)
+            and self.block_manager.can_admit(group, need)
+            and self._can_write(writes)
+        ):
+            return None
+        self.waiting.popleft()
+        self.block_manager.admit(group)
+        group.set_status(SeqStatus.RUNNING)
+        bisect.insort(self.running, group, key=lambda g: g.arrival)
+        return self._write(group, writes, entries)
 
     def update(self, result: StepResult) -> list[GroupUpdate]:
         """Apply the executor's reply: advance counters, append tokens, fork, finish, free."""
         entries = self._inflight.pop(result.step_id)
+        victims = self._inflight_victims.pop(result.step_id)
         updates = {u.group.request_id: u for u in self._pending_updates}
         self._pending_updates = []
         if result.error is not None:
+            # A failure may come from inside the cache moves: the KV of this plan's swap-out
+            # victims is not known to be on the CPU, so they are recomputed from their tokens.
+            for group in victims:
+                if group in self.swapped:
+                    self.swapped.remove(group)
+                    self._requeue_for_recompute(group)
             # The whole group ends, also samples that were not in this step, and children the
             # executor may already have created for a fork are forgotten there too.
             for entry in entries:
                 self._freed_seq_ids.extend(entry.fork_seq_ids)
                 group = entry.group
+                if group.is_finished:
+                    continue  # aborted while the step ran: already reported once
                 for seq in group.live_seqs():
                     self._finish(group, seq, "error")
                 for queue in (self.running, self.swapped):
@@ -330,7 +388,8 @@ class Scheduler:
             entries.append(_Entry(seq, group, n, fork_ids))
         return sum(n for _, n in writes)
 
-    def _preempt(self, group: SequenceGroup, swap_out: list[tuple[int, int]]) -> None:
+    def _preempt(self, group: SequenceGroup, swap_out: list[tuple[int, int]]) -> bool:
+        """Preempt a running group whole; True when it was swapped out (not recomputed)."""
         self.running.remove(group)
         self.num_preemptions += 1
         seq_ids = [s.seq_id for s in group.live_seqs()]
@@ -339,7 +398,11 @@ class Scheduler:
             swap_out.extend(self.block_manager.swap_out(seq_ids))
             group.set_status(SeqStatus.SWAPPED)
             bisect.insort(self.swapped, group, key=lambda g: g.arrival)
-            return
+            return True
+        self._requeue_for_recompute(group)
+        return False
+
+    def _requeue_for_recompute(self, group: SequenceGroup) -> None:
         # Recompute (also the fallback when the CPU pool is full): drop the KV, keep the tokens;
         # prompt and generated tokens are prefilled again as one longer prompt.
         for seq in group.live_seqs():
@@ -350,7 +413,11 @@ class Scheduler:
         self.waiting.insert(position, group)
 
     def _make_plan(
-        self, entries: list[_Entry], swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]
+        self,
+        entries: list[_Entry],
+        swap_out: list[tuple[int, int]],
+        swap_in: list[tuple[int, int]],
+        victims: list[SequenceGroup],
     ) -> StepPlan:
         seqs = []
         for entry in entries:
@@ -368,6 +435,8 @@ class Scheduler:
                     sample=end == seq.num_tokens,
                     fork_seq_ids=entry.fork_seq_ids,
                     sampling=None if seq.announced else entry.group.sampling,
+                    sample_index=seq.index,
+                    prompt_len=None if seq.announced else seq.prompt_len,
                 )
             )
             seq.announced = True
@@ -381,6 +450,7 @@ class Scheduler:
         )
         self._freed_seq_ids = []
         self._inflight[plan.step_id] = entries
+        self._inflight_victims[plan.step_id] = victims
         self._next_step_id += 1
         return plan
 

@@ -16,7 +16,9 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+# eq=False: queues find and remove sequences and groups by identity (`in`, `remove`), never by
+# comparing their token lists.
+@dataclass(eq=False)
 class Sequence:
     seq_id: int
     index: int  # position among the group's parallel samples (0 for the first)
@@ -50,7 +52,7 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
 
-@dataclass
+@dataclass(eq=False)
 class SequenceGroup:
     """All sequences of one request; scheduled, preempted and recovered as a unit."""
 

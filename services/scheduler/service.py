@@ -17,13 +17,16 @@ import zmq
 import zmq.asyncio
 
 from services.engine.args import add_engine_args, engine_config_from_args
+from services.restart_budget import RestartBudget, add_restart_args
 from services.scheduler.kv_accounting import KVAccountant, kv_breakdown
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
+from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
 from shared.ipc import Addresses, add_address_args, addresses_from_args, make_socket, recv, send
 from shared.model_source import model_name
+from shared.peer_watch import PeerWatch
 from shared.protocol import (
     AbortRequest,
     ExecutorHeartbeat,
@@ -42,6 +45,10 @@ from shared.protocol import (
 log = logging.getLogger("pagedserve.scheduler")
 HEARTBEAT_S = 1.0
 EXECUTOR_TIMEOUT_S = 10.0  # no executor heartbeat for this long: it is gone
+
+
+class ExecutorLost(Exception):
+    """The executor's connection closed: its process died (a new one is on its way)."""
 
 
 def group_delta(update: GroupUpdate) -> RequestDelta:
@@ -81,6 +88,7 @@ class SchedulerService:
         name: str,
         parent_pid: int | None = None,
         plan_log: str | None = None,
+        restarts: RestartBudget | None = None,
     ) -> None:
         self.config = config
         self.parent_pid = parent_pid
@@ -101,6 +109,13 @@ class SchedulerService:
         self._kv_accountant = KVAccountant()
         self._kv_fractions: dict[str, float] = {}
         self._preemptions = PreemptionLog()  # for the block map (KvStateRequest)
+        self._restarts = restarts or RestartBudget(0, 1.0)
+        self._executor_up = True  # False from its loss until a new one has announced itself
+        self._new_ready: ExecutorReady | None = None  # a replacement's announcement
+        self._executor_back = asyncio.Event()
+        self.num_executor_restarts = 0
+        self._announcement: SchedulerReady | None = None
+        self._background: set[asyncio.Task] = set()
 
     async def run(self) -> int:
         ctx = zmq.asyncio.Context()
@@ -108,12 +123,16 @@ class SchedulerService:
         self.deltas = make_socket(ctx, zmq.PUSH, self.addresses.deltas, bind=True)
         self.plans = make_socket(ctx, zmq.PUSH, self.addresses.plans, bind=True)
         self.results = make_socket(ctx, zmq.PULL, self.addresses.results, bind=True)
+        # Watched from before anyone connects, so that every peer is counted.
+        executor_watch = PeerWatch(self.plans, self._on_executor_lost)
+        gateway_watch = PeerWatch(self.deltas, self._on_gateway_lost, self._on_gateway_joined)
         try:
             ready = await self._wait_for_executor()
             self.scheduler = Scheduler(self.config.scheduler, ready)
-            await self._send(
-                SchedulerReady(ready, self.config.scheduler.max_num_seqs, self.model_name)
+            self._announcement = SchedulerReady(
+                ready, self.config.scheduler.max_num_seqs, self.model_name
             )
+            await self._send(self._announcement)
             log.info(
                 "scheduler ready: %d device blocks, %d cpu blocks",
                 ready.num_device_blocks,
@@ -121,7 +140,14 @@ class SchedulerService:
             )
             tasks = [
                 asyncio.create_task(coro)
-                for coro in (self._intake(), self._steps(), self._heartbeat(), self._results())
+                for coro in (
+                    self._intake(),
+                    self._steps(),
+                    self._heartbeat(),
+                    self._results(),
+                    executor_watch.run(),
+                    gateway_watch.run(),
+                )
             ]
             for task in tasks:
                 task.add_done_callback(self._on_task_done)
@@ -190,7 +216,11 @@ class SchedulerService:
         while True:
             message = await recv(self.results)
             self._executor_seen = time.monotonic()
-            if isinstance(message, StepResult):
+            if isinstance(message, ExecutorReady) and self.scheduler is not None:
+                log.info("a new executor announced itself: %s", message)
+                self._new_ready = message
+                self._executor_back.set()
+            elif isinstance(message, StepResult):
                 # A result that arrives after its step was given up on must not end another.
                 awaited = self._result is not None and message.step_id == self._awaited_step
                 if awaited and not self._result.done():
@@ -202,38 +232,108 @@ class SchedulerService:
 
     async def _steps(self) -> None:
         scheduler = self.scheduler
+        loop = StepLoop(scheduler)
         while True:
+            if not self._executor_up:
+                if not await self._replace_executor():
+                    return
+                continue
             if not scheduler.has_unfinished():
                 self._work.clear()
                 await self._work.wait()
                 continue
-            t0 = time.perf_counter()
             running_before, num_preemptions = list(scheduler.running), scheduler.num_preemptions
-            plan = scheduler.schedule()
+            plan = loop.plan()
             self._preemptions.note(running_before, num_preemptions, scheduler)
-            t1 = time.perf_counter()
             self._result = asyncio.get_running_loop().create_future()
             self._awaited_step = plan.step_id
-            result = await self._run_plan(plan)
+            t1 = time.perf_counter()
+            try:
+                result = await self._run_plan(plan)
+            except ExecutorLost:
+                continue  # the plan dies with the executor; its groups are recomputed
             t2 = time.perf_counter()
-            updates = scheduler.update(result)
-            t3 = time.perf_counter()
-            self._num_steps += 1
-            self._last_step = ((t1 - t0) + (t3 - t2), sum(result.timings.values()), t2 - t1)
+            updates = loop.finish(plan, result)  # raises (the task dies) when nothing moved
+            self._num_steps = loop.num_steps
+            self._last_step = (loop.schedule_s, sum(result.timings.values()), t2 - t1)
             breakdown = kv_breakdown(scheduler)
             self._kv_fractions = breakdown.fractions()
             self._kv_accountant.add(breakdown, t2 - t1)
             if self._plan_log is not None:
                 self._log_step(plan, updates)
             await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
-            if not plan.seqs and not updates:
-                await asyncio.sleep(0.005)  # nothing runnable right now; do not spin
+
+    # ---- a dead executor or gateway ------------------------------------------------------------
+    def _on_executor_lost(self) -> None:
+        if self.scheduler is None or not self._executor_up:
+            return
+        log.error("the executor's connection closed; waiting for a new executor")
+        self._executor_up = False
+        if self._result is not None and not self._result.done():
+            self._result.set_exception(ExecutorLost())
+        self._work.set()  # an idle step loop wakes up to wait for the replacement
+
+    async def _replace_executor(self) -> bool:
+        """Wait for a new executor and requeue every request on it; False when the restart
+        budget is spent (every request then ends with an error and the process stops)."""
+        if not self._restarts.allow():
+            await self._give_up()
+            return False
+        while self._new_ready is None:
+            self._executor_back.clear()
+            await self._executor_back.wait()
+        ready, self._new_ready = self._new_ready, None
+        self.scheduler.requeue_all(ready)
+        self.num_executor_restarts += 1
+        self._executor_seen = time.monotonic()
+        self._executor_up = True
+        log.info("requeued %d requests on the new executor", len(self.scheduler.groups))
+        return True
+
+    async def _give_up(self) -> None:
+        message = (
+            f"the executor died again with its restart budget ({self._restarts.describe()}) "
+            "spent; the server gives up"
+        )
+        log.error(message)
+        error = {
+            "message": message,
+            "type": "service_unavailable_error",
+            "param": None,
+            "code": "executor_failed",
+        }
+        deltas = []
+        for request_id in list(self.scheduler.groups):
+            self.scheduler.abort(request_id)
+            deltas.append(RequestDelta(request_id, [], True, error))
+        await self._send(TokenDeltas(deltas, self._stats()))
+        self._crashed = True
+        self._stopping.set()
+
+    def _on_gateway_lost(self) -> None:
+        # Nobody reads these requests' tokens any more: stop decoding them and free their blocks.
+        if self.scheduler is None:
+            return
+        request_ids = list(self.scheduler.groups)
+        for request_id in request_ids:
+            self.scheduler.abort(request_id)
+        log.warning("the gateway's connection closed; aborted %d requests", len(request_ids))
+
+    def _on_gateway_joined(self) -> None:
+        # A restarted gateway needs the announcement the first one got at start-up.
+        if self._announcement is not None:
+            task = asyncio.ensure_future(self._send(self._announcement))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _run_plan(self, plan) -> StepResult:
         """Send the plan and await its result; a silent executor fails the step instead of
-        hanging it (a send to a dead executor would wait forever, so it is bounded too)."""
+        hanging it (a send to a dead executor would wait forever, so it is bounded too).
+        Raises ExecutorLost when the executor's connection closes meanwhile."""
         sent = False
         while True:
+            if not self._executor_up:
+                raise ExecutorLost()
             try:
                 if not sent:
                     await asyncio.wait_for(send(self.plans, plan), HEARTBEAT_S)
@@ -292,7 +392,9 @@ class SchedulerService:
             step_scheduler_s=scheduler_s,
             step_executor_s=executor_s,
             step_roundtrip_s=roundtrip_s,
-            executor_alive=self._executor_alive(),
+            executor_alive=self._executor_up and self._executor_alive(),
+            executor_restarting=not self._executor_up,
+            num_executor_restarts=self.num_executor_restarts,
             kv_policy=self.config.scheduler.kv_policy,
             kv_fractions=self._kv_fractions,
             kv_fractions_avg=self._kv_accountant.averages(),
@@ -306,12 +408,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-name", default=None, help="the name the API reports")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
     parser.add_argument("--plan-log", default=None, help="append one JSON line per step here")
+    add_restart_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = engine_config_from_args(args)
     name = args.model_name or model_name(config.model.model)
+    restarts = RestartBudget(args.max_restarts, args.restart_window)
     service = SchedulerService(
-        config, addresses_from_args(args), name, args.parent_pid, args.plan_log
+        config, addresses_from_args(args), name, args.parent_pid, args.plan_log, restarts
     )
     import uvloop
 

@@ -1,0 +1,49 @@
+"""The one step loop body (schedule, then update with the executor's result) and its progress rule.
+
+The in-process engine calls the executor directly between the two halves and the scheduler
+service awaits it over ZeroMQ; both go through this class, so both obey the same rule.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from shared.protocol import StepPlan, StepResult
+
+
+class NoProgressError(RuntimeError):
+    """A step scheduled nothing and finished nothing while requests were pending.
+
+    The policy's liveness rules (a group too big for the pool ends with "length", n above
+    max_num_seqs is refused) make this impossible, so it is a bug: fail loudly rather than spin.
+    """
+
+
+class _Policy(Protocol):
+    def has_unfinished(self) -> bool: ...
+    def schedule(self) -> StepPlan: ...
+    def update(self, result: StepResult) -> list: ...
+
+
+class StepLoop:
+    def __init__(self, scheduler: _Policy) -> None:
+        self.scheduler = scheduler
+        self.num_steps = 0
+        self.schedule_s = 0.0  # last step: schedule() + update()
+
+    def plan(self) -> StepPlan:
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        self.schedule_s = time.perf_counter() - t0
+        return plan
+
+    def finish(self, plan: StepPlan, result: StepResult) -> list:
+        """Apply the result of `plan`; raises NoProgressError when the step did nothing."""
+        t0 = time.perf_counter()
+        updates = self.scheduler.update(result)
+        self.schedule_s += time.perf_counter() - t0
+        self.num_steps += 1
+        if not plan.seqs and not updates and self.scheduler.has_unfinished():
+            raise NoProgressError("the scheduler made no progress with requests pending")
+        return updates

@@ -1,0 +1,41 @@
+"""Who is connected at the other end of a ZeroMQ socket, from its monitor events: a peer process
+that dies closes its connection, so its loss is seen at once rather than after missed beats."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+log = logging.getLogger(__name__)
+
+_JOINED = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
+_LEFT = zmq.EVENT_DISCONNECTED
+
+
+class PeerWatch:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        on_lost: Callable[[], None],
+        on_joined: Callable[[], None] | None = None,
+    ) -> None:
+        self.num_peers = 0
+        self._on_lost = on_lost
+        self._on_joined = on_joined
+        self._monitor = sock.get_monitor_socket(_JOINED | _LEFT)
+
+    async def run(self) -> None:
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if event & _JOINED:
+                self.num_peers += 1
+                if self._on_joined is not None:
+                    self._on_joined()
+            elif event & _LEFT:
+                self.num_peers = max(0, self.num_peers - 1)
+                if self.num_peers == 0:
+                    self._on_lost()

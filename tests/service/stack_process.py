@@ -1,0 +1,136 @@
+"""A `pagedserve serve` process for fault tests: start it, follow its pids, read its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+
+API_KEY = "test-key"
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """The launcher and its current children's pids (updated from its `restarted` lines)."""
+
+    def __init__(self, model_dir: Path, *extra: str, start_timeout: float = 240.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = Path(model_dir).name
+        argv = [
+            sys.executable, "-m", "services.cli", "serve", "--model", str(model_dir),
+            "--port", str(self.port), "--api-key", API_KEY, *extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        self.pids: dict[str, int] = {}
+        self.restarts: list[str] = []
+        self._ready = threading.Event()
+        threading.Thread(target=self._follow, daemon=True).start()
+        if not self._ready.wait(start_timeout):
+            self.proc.kill()
+            raise AssertionError(f"the stack did not start (exit {self.proc.poll()})")
+
+    def _follow(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("pagedserve: ready"):
+                self.pids = json.loads(line.split(" ", 2)[2])["pids"]
+                self._ready.set()
+            elif "restarted" in line:
+                self.restarts.append(line.split()[2])
+                self.pids = json.loads(line[line.index("{") :])["pids"]
+
+    def kill(self, name: str) -> int:
+        pid = self.pids[name]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def wait_restarted(self, count: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.restarts) < count:
+            assert time.monotonic() < deadline, f"restarts seen: {self.restarts}"
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+async def wait_metric(session, url: str, name: str, value: float, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if await metric(session, url, name) == value:
+                return
+        except (aiohttp.ClientError, AssertionError):
+            pass  # the gateway is restarting, or the scheduler has not sent stats yet
+        assert time.monotonic() < deadline, f"{name} never became {value}"
+        await asyncio.sleep(0.1)
+
+
+async def wait_health(session, url: str, timeout: float = 120.0) -> None:
+    """Until /health says "ok" (not "degraded", not 503)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            async with session.get(f"{url}/health") as response:
+                if response.status == 200 and (await response.json())["status"] == "ok":
+                    return
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline, "/health never said ok"
+        await asyncio.sleep(0.1)
+
+
+async def stream(session, url: str, body: dict, on_event=None) -> dict:
+    """POST a streaming request; the texts per choice, finish reasons, error event, token times."""
+    out = {"status": None, "texts": {}, "finish": {}, "error": None, "times": [], "done": False}
+    async with session.post(url, json=body | {"stream": True}, headers=HEADERS) as response:
+        out["status"] = response.status
+        if response.status != 200:
+            out["error"] = (await response.json())["error"]
+            return out
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] = True
+                break
+            event = json.loads(line[len("data: ") :])
+            if "error" in event:
+                out["error"] = event["error"]
+                continue
+            out["times"].append(time.monotonic())
+            for choice in event["choices"]:
+                i = choice["index"]
+                out["texts"][i] = out["texts"].get(i, "") + choice["text"]
+                if choice["finish_reason"]:
+                    out["finish"][i] = choice["finish_reason"]
+            if on_event is not None:
+                on_event()
+    return out
