@@ -34,6 +34,7 @@ class Stack:
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
         self.budgets: dict[str, RestartBudget] = {}  # one per process name, made at its spawn
+        self.envs: dict[str, dict[str, str] | None] = {}  # per process; None: the launcher's
         self.ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")  # private pipes of this stack
 
     def start(self) -> None:
@@ -45,16 +46,19 @@ class Stack:
         name += ["--restart-window", str(args.restart_window)]
         if args.plan_log:
             name += ["--plan-log", args.plan_log]
+        num_replicas = getattr(args, "replicas", 1)
+        if num_replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, got {num_replicas}")
         replicas = [
-            Addresses.ipc(os.path.join(self.ipc_dir, f"replica-{i}"))
-            for i in range(getattr(args, "replicas", 1))
+            Addresses.ipc(os.path.join(self.ipc_dir, f"replica-{i}")) for i in range(num_replicas)
         ]
         for i, addresses in enumerate(replicas):
             wires = _wires(addresses)
             suffix = f"-{i}" if i else ""
+            own, env = _replica_engine(args, engine, i, num_replicas)
             # The scheduler binds every pipe, so it goes first; the others connect to it.
-            self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *engine, *name, *wires])
-            self._spawn(f"executor{suffix}", ["-m", "services.executor", *engine, *wires])
+            self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *own, *name, *wires])
+            self._spawn(f"executor{suffix}", ["-m", "services.executor", *own, *wires], env)
         gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
         if args.api_key:
             gateway += ["--api-key", args.api_key]
@@ -66,12 +70,15 @@ class Stack:
             gateway += ["--replica-addrs", f"{addresses.requests},{addresses.deltas}"]
         self._spawn("gateway", ["-m", "services.gateway", *gateway, *_wires(replicas[0])])
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
         self.argv[name] = argv
+        self.envs[name] = env if env is not None else self.envs.get(name)
         if name not in self.budgets:
             self.budgets[name] = RestartBudget(self.args.max_restarts, self.args.restart_window)
-        self.procs[name] = subprocess.Popen([sys.executable, *argv], start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, *argv], start_new_session=True, env=self.envs[name]
+        )
 
     def restart(self, name: str) -> bool:
         """Start a new `name` in place of the dead one; False when its budget is spent.
@@ -132,6 +139,24 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _replica_engine(
+    args: argparse.Namespace, engine: list[str], index: int, num_replicas: int
+) -> tuple[list[str], dict[str, str] | None]:
+    """Replica `index`'s engine flags and environment: its own rendezvous port and, on a
+    machine with GPUs, its own devices (unless CUDA_VISIBLE_DEVICES already decides)."""
+    if num_replicas == 1:
+        return engine, None
+    engine = list(engine)
+    if args.tp_master_port is not None:
+        at = engine.index("--tp-master-port") + 1
+        engine[at] = str(args.tp_master_port + index)
+    if args.device == "cpu" or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return engine, None
+    size = args.tensor_parallel_size
+    devices = ",".join(str(d) for d in range(index * size, (index + 1) * size))
+    return engine, {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
 
 
 def _wires(addresses: Addresses) -> list[str]:
