@@ -468,7 +468,8 @@ async def test_api_key(serve) -> None:
     ok = {"Authorization": "Bearer sk-secret"}
     assert (await client.post("/v1/completions", json=completion(), headers=ok)).status == 200
     assert (await client.get("/health")).status == 200
-    assert (await client.get("/metrics")).status == 200
+    assert (await client.get("/metrics")).status == 401  # only /health is open
+    assert (await client.get("/metrics", headers=ok)).status == 200
 
 
 async def test_queue_limit(serve) -> None:

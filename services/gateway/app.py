@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 STATE = web.AppKey("pagedserve_gateway", GatewayState)
 MAX_BODY_BYTES = 32 * 1024 * 1024  # long prompts sent as token-id lists exceed aiohttp's 1 MiB
-_OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers carry no API key
+_OPEN_PATHS = frozenset({"/health"})  # probes carry no key; scrapers send it as a bearer token
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

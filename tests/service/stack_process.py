@@ -73,7 +73,7 @@ class ServeProcess:
 
 
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
-    async with session.get(f"{url}/metrics") as response:
+    async with session.get(f"{url}/metrics", headers=HEADERS) as response:
         text = await response.text()
     match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
     assert match, f"{name} not in /metrics"

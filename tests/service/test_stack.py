@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
+from tests.service.stack_process import metric
 
 API_KEY = "test-key"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -56,14 +56,6 @@ def stack(tiny_model_dir, tmp_path_factory):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
-
-
-async def _metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
-    async with session.get(f"{url}/metrics") as response:
-        text = await response.text()
-    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
 
 
 async def _stream_completion(session, url, model, prompt_ids, max_tokens) -> tuple[str, str]:
@@ -173,11 +165,11 @@ async def test_cut_streams_free_every_block(stack, prompts):
             batch = [prompts[i % 12][:30] for i in range(start, start + 20)]
             await asyncio.gather(*(cut(session, prompt) for prompt in batch))
         for _ in range(100):
-            if await _metric(session, url, "pagedserve_kv_blocks_used") == 0:
+            if await metric(session, url, "pagedserve_kv_blocks_used") == 0:
                 break
             await asyncio.sleep(0.2)
-        assert await _metric(session, url, "pagedserve_kv_blocks_used") == 0
-        assert await _metric(session, url, "pagedserve_num_requests_running") == 0
+        assert await metric(session, url, "pagedserve_kv_blocks_used") == 0
+        assert await metric(session, url, "pagedserve_num_requests_running") == 0
 
 
 @pytest.mark.parametrize(
