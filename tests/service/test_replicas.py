@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
-import subprocess
-import sys
-import time
 
 import aiohttp
 import pytest
@@ -18,7 +14,8 @@ from services.gateway.replicas import ReplicaRouter
 from shared.protocol import GenerateRequest, RequestDelta, SeqDelta
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
-from tests.service.test_stack import _free_port, _stream_completion
+from tests.service.stack_process import HEADERS, ServeProcess
+from tests.service.test_stack import _stream_completion
 
 
 class FakeReplica:
@@ -68,25 +65,14 @@ async def test_router_picks_the_least_loaded_ready_replica_and_aborts_at_the_own
 
 @pytest.fixture(scope="module")
 def replica_stack(tiny_model_dir):
-    port = _free_port()
-    argv = [
-        sys.executable, "-m", "services.cli", "serve", "--model", str(tiny_model_dir),
-        "--port", str(port), "--replicas", "2", "--num-device-blocks", "128",
+    serve = ServeProcess(
+        tiny_model_dir, "--replicas", "2", "--num-device-blocks", "128",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    line = ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        line = proc.stdout.readline()
-        if line.startswith("pagedserve: ready"):
-            break
-    assert line.startswith("pagedserve: ready"), f"stack did not start (exit {proc.poll()})"
+    )  # fmt: skip
     try:
-        yield f"http://127.0.0.1:{port}", tiny_model_dir.name, proc
+        yield serve.url, serve.model, serve.proc
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
+        assert serve.stop() == 0
 
 
 async def test_two_replicas_serve_32_streams_with_identical_greedy_outputs(
@@ -98,7 +84,7 @@ async def test_two_replicas_serve_32_streams_with_identical_greedy_outputs(
         streamed = await asyncio.gather(
             *(_stream_completion(session, url, model, p, 8) for p in prompts)
         )
-        async with session.get(f"{url}/metrics") as response:
+        async with session.get(f"{url}/metrics", headers=HEADERS) as response:
             metrics = await response.text()
         async with session.get(f"{url}/health") as response:
             assert (await response.json())["status"] == "ok"

@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -18,44 +15,24 @@ import pytest
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
-from tests.service.stack_process import metric
+from tests.service.stack_process import API_KEY, HEADERS, ServeProcess, metric
 
-API_KEY = "test-key"
-HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 NUM_BLOCKS = 256
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
     """A running stack; yields (base_url, model_name, plan_log_path)."""
-    port = _free_port()
     plan_log = tmp_path_factory.mktemp("stack") / "plans.jsonl"
-    argv = [
-        sys.executable, "-m", "services.cli", "serve",
-        "--model", str(tiny_model_dir), "--port", str(port), "--api-key", API_KEY,
+    serve = ServeProcess(
+        tiny_model_dir,
         "--num-device-blocks", str(NUM_BLOCKS), "--max-num-seqs", "8",
         "--max-num-batched-tokens", "256", "--plan-log", str(plan_log),
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    line = ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        line = proc.stdout.readline()
-        if line.startswith("pagedserve: ready"):
-            break
-    assert line.startswith("pagedserve: ready"), f"stack did not start (exit {proc.poll()})"
+    )  # fmt: skip
     try:
-        yield url, Path(tiny_model_dir).name, plan_log
+        yield serve.url, serve.model, plan_log
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
+        assert serve.stop() == 0
 
 
 async def _stream_completion(session, url, model, prompt_ids, max_tokens) -> tuple[str, str]:
