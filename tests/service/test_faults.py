@@ -80,9 +80,8 @@ async def test_a_killed_executor_is_replaced_and_no_request_is_lost(serve):
         await wait_health(session, serve.url)
 
 
-async def test_a_killed_gateway_is_replaced_and_its_requests_are_aborted(serve):
-    url = f"{serve.url}/v1/completions"
-    body = {"model": serve.model, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+async def _long_streams_under_way(session, url: str, body: dict) -> list[asyncio.Future]:
+    """One stream per prompt, returned once 8 events have arrived (they are all decoding)."""
     started = asyncio.Event()
     counts = {"n": 0}
 
@@ -91,12 +90,18 @@ async def test_a_killed_gateway_is_replaced_and_its_requests_are_aborted(serve):
         if counts["n"] >= 8:
             started.set()
 
+    streams = [
+        asyncio.ensure_future(stream(session, url, body | {"prompt": p}, on_event)) for p in PROMPTS
+    ]
+    await asyncio.wait_for(started.wait(), 60)
+    return streams
+
+
+async def test_a_killed_gateway_is_replaced_and_its_requests_are_aborted(serve):
+    url = f"{serve.url}/v1/completions"
+    body = {"model": serve.model, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
     async with aiohttp.ClientSession() as session:
-        streams = [
-            asyncio.ensure_future(stream(session, url, body | {"prompt": p}, on_event))
-            for p in PROMPTS
-        ]
-        await asyncio.wait_for(started.wait(), 60)
+        streams = await _long_streams_under_way(session, url, body)
         assert await metric(session, serve.url, "pagedserve_kv_blocks_used") > 0
         restarts = len(serve.restarts)
         serve.kill("gateway")
@@ -115,20 +120,8 @@ async def test_a_killed_gateway_is_replaced_and_its_requests_are_aborted(serve):
 async def test_a_killed_scheduler_ends_streams_with_an_error_then_service_resumes(serve):
     url = f"{serve.url}/v1/completions"
     body = {"model": serve.model, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
-    started = asyncio.Event()
-    counts = {"n": 0}
-
-    def on_event() -> None:
-        counts["n"] += 1
-        if counts["n"] >= 8:
-            started.set()
-
     async with aiohttp.ClientSession() as session:
-        streams = [
-            asyncio.ensure_future(stream(session, url, body | {"prompt": p}, on_event))
-            for p in PROMPTS
-        ]
-        await asyncio.wait_for(started.wait(), 60)
+        streams = await _long_streams_under_way(session, url, body)
         restarts = len(serve.restarts)
         serve.kill("scheduler")
         t0 = time.monotonic()
