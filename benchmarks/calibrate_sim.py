@@ -22,22 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from offline_throughput import matmul_gflops  # noqa: E402  (this script's own folder)
+
 from services.bench.traces import scale_trace, synthetic_trace  # noqa: E402
 from services.engine.llm_engine import LLMEngine  # noqa: E402
 from services.executor.cost_model import MODELS, GpuSpec, step_cost  # noqa: E402
 from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from shared.sampling import SamplingParams  # noqa: E402
-
-
-def gemm_flops(m: int = 64, k: int = 576, n: int = 1536, seconds: float = 1.0) -> float:
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    for _ in range(3):
-        a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * m * k * n * count / (time.perf_counter() - start)
 
 
 def copy_bandwidth(num_bytes: int = 256 << 20, seconds: float = 1.0) -> float:
@@ -80,7 +71,7 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    flops, bandwidth = gemm_flops(), copy_bandwidth()
+    flops, bandwidth = matmul_gflops(64, 576, 1536) * 1e9, copy_bandwidth()
     print(f"this CPU now: fp32 GEMM {flops / 1e9:.1f} GFLOP/s, copy {bandwidth / 1e9:.2f} GB/s")
     gpu = GpuSpec("cpu-measured", 0, bandwidth, flops, bandwidth, 0.0)
     model = MODELS["smollm2-135m"]

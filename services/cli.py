@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from services.engine.args import add_engine_args, engine_config_from_args
 from shared.errors import PagedServeError
@@ -43,19 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from services.bench.commands import run_bench
 
-        try:
-            return run_bench(args)
-        except (PagedServeError, ValueError) as exc:
-            print(f"pagedserve: error: {exc}", file=sys.stderr)
-            return 2
+        return _reporting_errors(run_bench, args)
     if args.command == "serve":
         from services.launcher import serve as run_serve
 
-        try:
-            return run_serve(args)
-        except (PagedServeError, ValueError) as exc:
-            print(f"pagedserve: error: {exc}", file=sys.stderr)
-            return 2
+        return _reporting_errors(run_serve, args)
     try:
         config = engine_config_from_args(args)
         from services.engine.llm_engine import LLMEngine
@@ -65,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pagedserve: error: {exc}", file=sys.stderr)
         return 2
     return run_generate(args, engine)
+
+
+def _reporting_errors(command: Callable[[argparse.Namespace], int], args) -> int:
+    """Run a command; a bad flag or request is one line on stderr and exit code 2."""
+    try:
+        return command(args)
+    except (PagedServeError, ValueError) as exc:
+        print(f"pagedserve: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

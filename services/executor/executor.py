@@ -197,11 +197,10 @@ class Executor:
             self.block_tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
             if driver:
                 self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
+        timer.mark("cache_ops")
         if not plan.seqs:
-            timer.mark("cache_ops")
             return StepResult(plan.step_id, [], timer.seconds())
 
-        timer.mark("cache_ops")
         inputs = build_inputs(
             plan.seqs,
             self.block_tables.rows([s.seq_id for s in plan.seqs]),
