@@ -45,6 +45,11 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100]) pairs
     best_of: int | None = None  # sample this many, return the n of highest cumulative logprob
     guided: tuple[str, str] | None = None  # (kind in GUIDED_KINDS, spec): structured output
+    # Beam search (the paper's section 4.4): n beams, the n best hypotheses returned. Scores as
+    # transformers ranks them: cumulative logprob / generated_length ** length_penalty.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False (transformers' heuristic) or "never"
 
     def __post_init__(self) -> None:
         _require_int("n", self.n, 1, MAX_SAMPLES)
@@ -90,6 +95,7 @@ class SamplingParams:
                         "when the output ends (with the end-of-sequence token)",
                         param=name,
                     )
+        _check_beam_search(self)
 
     @property
     def greedy(self) -> bool:
@@ -102,8 +108,32 @@ class SamplingParams:
 
     @property
     def wants_logprob(self) -> bool:
-        """Whether the sampled tokens' logprobs are needed (asked for, or to rank best_of)."""
-        return self.logprobs is not None or self.num_samples > self.n
+        """Whether the sampled tokens' logprobs are needed (asked for, to rank best_of, or to
+        score beams)."""
+        return self.logprobs is not None or self.num_samples > self.n or self.use_beam_search
+
+    @property
+    def reports_at_end(self) -> bool:
+        """Whether the returned sequences are known only once the request ends (best_of > n,
+        beam search), so nothing can be streamed before."""
+        return self.num_samples > self.n or self.use_beam_search
+
+    def ending_token_ids(self, eos_token_ids: tuple[int, ...]) -> frozenset[int]:
+        """Tokens that end a sequence: the model's eos (unless ignored) and stop_token_ids."""
+        ending = set(self.stop_token_ids)
+        if not self.ignore_eos:
+            ending.update(eos_token_ids)
+        return frozenset(ending)
+
+    def num_top_logprobs(self, eos_token_ids: tuple[int, ...]) -> int:
+        """Top logprobs the executor returns per drawn token: what the request asked for, and
+        for beam search as many as transformers keeps candidates per step, max(2, 1 + ending
+        tokens) x width, so that width of them survive even if the best all end."""
+        asked = self.logprobs or 0
+        if self.use_beam_search:
+            ending = len(self.ending_token_ids(eos_token_ids))
+            asked = max(asked, max(2, 1 + ending) * self.n)
+        return asked
 
     @property
     def has_penalties(self) -> bool:
@@ -162,6 +192,45 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         _require_number("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
         pairs[key] = float(bias)
     return tuple(sorted(pairs.items()))
+
+
+# What beam search cannot honour: it ranks by the model's own logprobs, deterministically.
+_BEAM_NEUTRAL = {
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": (),
+    "guided": None,
+}
+
+
+def _check_beam_search(params: SamplingParams) -> None:
+    if not isinstance(params.use_beam_search, bool):
+        raise InvalidRequestError("use_beam_search must be a boolean", param="use_beam_search")
+    _require_number("length_penalty", params.length_penalty, -100.0, 100.0)
+    if not (isinstance(params.early_stopping, bool) or params.early_stopping == "never"):
+        raise InvalidRequestError(
+            'early_stopping must be true, false or "never"', param="early_stopping"
+        )
+    if not params.use_beam_search:
+        return
+    if not params.greedy:
+        raise InvalidRequestError(
+            "beam search is deterministic: temperature must be 0 (or omitted)",
+            param="temperature",
+        )
+    if params.best_of is not None and params.best_of != params.n:
+        raise InvalidRequestError(
+            "with beam search n is the beam width: best_of must be omitted", param="best_of"
+        )
+    if params.top_k not in (0, -1):
+        raise InvalidRequestError("top_k cannot be combined with beam search", param="top_k")
+    for name, neutral in _BEAM_NEUTRAL.items():
+        if getattr(params, name) != neutral:
+            raise InvalidRequestError(f"{name} cannot be combined with beam search", param=name)
 
 
 def _check_guided(guided: Any) -> None:

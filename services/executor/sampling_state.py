@@ -198,7 +198,7 @@ class SamplingStates:
             dtype=torch.int64,
         )
         floats, ints = _to_device(floats, self.device), _to_device(ints, self.device)
-        asked = [p.logprobs or 0 for p in params if p.wants_logprob]
+        asked = [p.num_top_logprobs(self.eos_token_ids) for p in params if p.wants_logprob]
         batch = SamplingBatch(
             logits_rows=ints[0],
             rows_identity=all(d.logits_row == i for i, d in enumerate(draws)),
@@ -212,7 +212,7 @@ class SamplingStates:
             use_top_k=bool(used_k),
             use_top_p=any(p.top_p < 1.0 for p in params),
             use_min_p=any(p.min_p > 0.0 for p in params),
-            num_logprobs=max(asked) if asked else -1,
+            num_logprobs=min(max(asked), vocab) if asked else -1,
         )
         self._add_penalties(batch, states)
         self._add_edits(batch, states)
@@ -292,7 +292,7 @@ class SamplingStates:
             token = SampledToken(draw.seq_id, token_ids[i])
             if p.wants_logprob and chosen is not None:
                 token.logprob = chosen[i]
-                k = p.logprobs or 0
+                k = p.num_top_logprobs(self.eos_token_ids)
                 if k and top_ids is not None:
                     token.top_logprobs = list(zip(top_ids[i][:k], top_values[i][:k]))
             tokens.append(token)

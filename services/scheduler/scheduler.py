@@ -11,6 +11,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
+from services.scheduler.beam_search import BeamSearch, Candidate
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.kv_policy import make_block_manager
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
@@ -104,6 +105,12 @@ class Scheduler:
                     )
         seq = Sequence(self._new_seq_id(), 0, list(prompt_token_ids), len(prompt_token_ids))
         group = SequenceGroup(request_id, self._next_arrival, sampling, [seq])
+        if sampling.use_beam_search:
+            group.beam = BeamSearch(
+                sampling,
+                sampling.ending_token_ids(tuple(self.eos_token_ids)),
+                min(sampling.max_tokens, self.max_seq_len - len(prompt_token_ids)),
+            )
         self._next_arrival += 1
         self.groups[request_id] = group
         self.waiting.append(group)
@@ -308,6 +315,7 @@ class Scheduler:
             return list(updates.values())
 
         sampled = {t.seq_id: t for t in result.tokens}
+        beam_groups: list[SequenceGroup] = []
         for entry in entries:
             seq, group = entry.seq, entry.group
             if seq.is_finished:  # aborted while the step ran
@@ -316,6 +324,11 @@ class Scheduler:
             seq.num_computed_tokens += entry.num_new_tokens
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a non-final prompt chunk: nothing sampled
+            if group.beam is not None:
+                group.beam_draws[seq.seq_id] = sampled[seq.seq_id]
+                if group not in beam_groups:
+                    beam_groups.append(group)
+                continue
             targets = [seq] + [self._fork(group, seq, cid) for cid in entry.fork_seq_ids]
             update = updates.setdefault(group.request_id, GroupUpdate(group))
             for target in targets:
@@ -330,6 +343,10 @@ class Scheduler:
                 if reason is not None:
                     self._finish(group, target, reason)
             self._remove_if_done(group, updates)
+        for group in beam_groups:
+            if all(s.seq_id in group.beam_draws for s in group.live_seqs()):
+                self._beam_step(group)
+                self._remove_if_done(group, updates)  # results go out only at the end
         return list(updates.values())
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -382,7 +399,7 @@ class Scheduler:
             fork_ids: list[int] = []
             finishes_prompt = seq.num_computed_tokens + n == seq.num_tokens
             num_samples = group.sampling.num_samples
-            if finishes_prompt and num_samples > 1 and not group.forked:
+            if finishes_prompt and num_samples > 1 and not group.forked and group.beam is None:
                 fork_ids = [self._new_seq_id() for _ in range(num_samples - 1)]
                 group.forked = True  # reserved now; the child sequences appear in update()
             entries.append(_Entry(seq, group, n, fork_ids))
@@ -467,6 +484,69 @@ class Scheduler:
         self.block_manager.fork(parent.seq_id, child_id)
         group.seqs.append(child)
         return child
+
+    def _beam_step(self, group: SequenceGroup) -> None:
+        """Every live beam has drawn: keep the best continuations as the new beams (a parent
+        kept twice is forked: its blocks shared, its last block copied on the next write),
+        free the dropped beams' blocks, and end the group once the search is over."""
+        beams = group.live_seqs()
+        draws = [group.beam_draws.pop(s.seq_id) for s in beams]
+        outcome = group.beam.step(
+            [s.cumulative_logprob for s in beams],
+            [s.output_token_ids for s in beams],
+            [d.top_logprobs for d in draws],
+        )
+        want_logprobs = group.sampling.logprobs is not None
+
+        def extended(cand: Candidate, seq: Sequence) -> None:
+            seq.token_ids.append(cand.token_id)
+            seq.cumulative_logprob = cand.score
+            if want_logprobs:
+                top = draws[cand.parent].top_logprobs[: group.sampling.logprobs]
+                seq.logprobs.append(SampledToken(seq.seq_id, cand.token_id, cand.logprob, top))
+
+        for hyp in group.beam.finished:
+            if hyp.seq is None:  # finished this step: its parent beam is still `beams`
+                parent = beams[hyp.last.parent]
+                hyp.seq = Sequence(-1, 0, list(parent.token_ids), parent.prompt_len)
+                hyp.seq.logprobs = list(parent.logprobs)
+                extended(hyp.last, hyp.seq)
+                hyp.seq.status, hyp.seq.finish_reason = SeqStatus.FINISHED, hyp.finish_reason
+
+        kept: set[int] = set()
+        new_beams: list[Sequence] = []
+        for cand in outcome.beams if not outcome.done else []:
+            parent = beams[cand.parent]
+            if cand.parent in kept:  # a second continuation of the same parent: fork it
+                child = Sequence(
+                    self._new_seq_id(),
+                    0,
+                    parent.token_ids[:-1],  # the parent has taken its own token already
+                    parent.prompt_len,
+                    num_computed_tokens=parent.num_computed_tokens,
+                    status=parent.status,
+                    logprobs=parent.logprobs[:-1] if want_logprobs else [],
+                )
+                self.block_manager.fork(parent.seq_id, child.seq_id)
+            else:
+                kept.add(cand.parent)
+                child = parent
+            extended(cand, child)
+            new_beams.append(child)
+        for i, seq in enumerate(new_beams):
+            seq.index = i
+        for i, seq in enumerate(beams):
+            if i not in kept:
+                seq.status, seq.finish_reason = SeqStatus.FINISHED, "beam_dropped"
+                self.block_manager.free(seq.seq_id)
+                self._freed_seq_ids.append(seq.seq_id)
+        if outcome.done:
+            group.seqs = [hyp.seq for hyp in group.beam.finished]
+            for i, seq in enumerate(group.seqs):
+                seq.index = i
+            self.groups.pop(group.request_id, None)
+        else:
+            group.seqs = new_beams
 
     def _stop_reason(self, group: SequenceGroup, seq: Sequence, token_id: int) -> str | None:
         sampling = group.sampling

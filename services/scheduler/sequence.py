@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from services.scheduler.beam_search import BeamSearch
 from shared.protocol import SampledToken
 from shared.sampling import SamplingParams
 
@@ -61,6 +62,11 @@ class SequenceGroup:
     sampling: SamplingParams
     seqs: list[Sequence]
     forked: bool = False  # n > 1: whether the parallel samples exist yet
+    # Beam search only: the search's state, and each live beam's drawn top logprobs of this
+    # beam step (a beam step runs once every live beam has drawn; after a recompute they may
+    # finish their prefills in different steps).
+    beam: BeamSearch | None = None
+    beam_draws: dict[int, SampledToken] = field(default_factory=dict)
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -87,6 +93,9 @@ class SequenceGroup:
         With best_of > n nothing is shown until every candidate has ended; then the n with the
         highest cumulative logprob, best first, as indices 0 .. n-1.
         """
+        if self.beam is not None:
+            # Once ended, seqs are the kept hypotheses, best first.
+            return list(enumerate(self.seqs)) if self.is_finished else []
         if self.sampling.num_samples == self.sampling.n:
             return [(s.index, s) for s in self.seqs]
         if not self.is_finished:

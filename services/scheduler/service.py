@@ -56,8 +56,9 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
     group = update.group
     want_logprobs = group.sampling.logprobs is not None
     by_index: dict[int, SeqDelta] = {}
-    if group.sampling.num_samples > group.sampling.n:
-        # best_of: the chosen samples are known only at the end; they go out whole then.
+    if group.sampling.reports_at_end:
+        # best_of, beam search: the chosen sequences are known only at the end; they go out
+        # whole then.
         for index, seq in group.reported_seqs():
             logprobs = list(seq.logprobs) if want_logprobs else []
             by_index[index] = SeqDelta(index, seq.output_token_ids, logprobs, seq.finish_reason)
