@@ -109,6 +109,7 @@ class SeqDelta:
     token_ids: list[int]
     logprobs: list[SampledToken] = field(default_factory=list)  # one per token, if asked
     finish_reason: str | None = None  # set once the sample has ended
+    cumulative_logprob: float | None = None  # beam search: the hypothesis' summed logprobs
 
 
 @dataclass

@@ -86,7 +86,7 @@ def test_bad_values_are_refused_by_name(tokenizer, fields, param):
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"use_beam_search": True}, "use_beam_search"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"echo": True}, "echo"),
         ({"audio": {"voice": "x"}}, "audio"),
         ({"add_generation_prompt": False}, "add_generation_prompt"),
@@ -111,6 +111,19 @@ def test_unsupported_fields_with_their_neutral_values_and_unknown_fields_pass(to
     assert parsed.sampling.guided is None
     _refused(lambda: _completion(tokenizer, suffix="!"), "suffix")
     assert _completion(tokenizer, suffix="").sampling.n == 1
+
+
+def test_beam_search_fields_reach_the_sampling_params(tokenizer):
+    beam = {"use_beam_search": True, "n": 3, "length_penalty": 0.5, "early_stopping": "never"}
+    s = _completion(tokenizer, **beam).sampling
+    assert (s.use_beam_search, s.n, s.length_penalty, s.early_stopping) == (True, 3, 0.5, "never")
+    assert s.greedy  # an omitted temperature means 0 under beam search, not 1
+    assert _chat(tokenizer, **beam, temperature=0).sampling.use_beam_search
+    _refused(lambda: _chat(tokenizer, **beam, stream=True), "stream")
+    _refused(lambda: _chat(tokenizer, **beam, temperature=0.5), "temperature")
+    _refused(lambda: _chat(tokenizer, **beam, presence_penalty=0.5), "presence_penalty")
+    _refused(lambda: _chat(tokenizer, use_beam_search="yes"), "use_beam_search")
+    _refused(lambda: _chat(tokenizer, **{**beam, "early_stopping": 2}), "early_stopping")
 
 
 def test_structured_output_fields_become_one_constraint(tokenizer):

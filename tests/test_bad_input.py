@@ -159,3 +159,25 @@ def test_cli_lines_carry_the_api_sampling_fields(tiny_model_dir, tmp_path):
     assert rows[1]["token_ids"] == [40, 40, 40]
     assert isinstance(rows[2]["cumulative_logprob"], float) and 1 <= len(rows[2]["token_ids"]) <= 4
     assert rows[3]["error"]["param"] == "guided_regex"
+
+
+def test_cli_beam_width_applies_to_lines_without_their_own(tiny_model_dir, tmp_path):
+    lines = [
+        {"prompt_token_ids": [5, 6, 7]},
+        {"prompt_token_ids": [5, 6, 7], "use_beam_search": True, "n": 2, "length_penalty": 0.5},
+        {"prompt_token_ids": [5, 6, 7], "use_beam_search": False},
+        {"prompt_token_ids": [5, 6, 7], "temperature": 0.9},
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    dst = tmp_path / "out.jsonl"
+    argv = ["generate", "--model", str(tiny_model_dir), "--input", str(src), "--output", str(dst)]
+    extra = ["--num-device-blocks", "64", "--beam-width", "3", "--max-tokens", "5", "--ignore-eos"]
+    assert cli_main(argv + extra) == 0
+    rows = [json.loads(line) for line in dst.read_text().splitlines()]
+    for row, width in [(rows[0], 3), (rows[1], 2)]:
+        scores = [o["cumulative_logprob"] for o in row["outputs"]]
+        assert len(scores) == width and all(len(o["token_ids"]) == 5 for o in row["outputs"])
+        assert len({tuple(o["token_ids"]) for o in row["outputs"]}) == width  # distinct beams
+    assert len(rows[2]["token_ids"]) == 5  # an ordinary greedy line
+    assert rows[3]["error"]["param"] == "temperature"  # beam search is deterministic

@@ -17,6 +17,7 @@ SAMPLING_FIELDS = (
     "n", "max_tokens", "temperature", "top_p", "top_k", "seed",
     "stop_token_ids", "ignore_eos", "logprobs", "min_p", "min_tokens",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "best_of",
+    "use_beam_search", "length_penalty", "early_stopping",
 )  # fmt: skip
 
 
@@ -41,11 +42,20 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--stop-token-ids", type=int, nargs="*", default=[])
     sampling.add_argument("--ignore-eos", action="store_true")
     sampling.add_argument("--logprobs", type=int, default=None, help="top logprobs per token")
+    sampling.add_argument(
+        "--beam-width",
+        type=int,
+        default=None,
+        metavar="W",
+        help="beam search with W beams (W best hypotheses returned) for lines without their "
+        "own use_beam_search",
+    )
+    sampling.add_argument("--length-penalty", type=float, default=1.0, help="beam search only")
 
 
 def default_sampling(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(
-        n=args.n,
+        n=args.n if args.beam_width is None else args.beam_width,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -54,6 +64,8 @@ def default_sampling(args: argparse.Namespace) -> SamplingParams:
         stop_token_ids=tuple(args.stop_token_ids),
         ignore_eos=args.ignore_eos,
         logprobs=args.logprobs,
+        use_beam_search=args.beam_width is not None,
+        length_penalty=args.length_penalty,
     )
 
 
@@ -94,6 +106,8 @@ def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:
             if not isinstance(line, dict):
                 raise InvalidRequestError("each line must be a JSON object")
             overrides = {k: line[k] for k in SAMPLING_FIELDS if k in line}
+            if line.get("use_beam_search") is False and "n" not in line:
+                overrides["n"] = args.n  # --beam-width's n is for beam-search lines only
             guided = guided_from_body(line)  # response_format or guided_json/regex/choice/grammar
             if guided is not None:
                 overrides["guided"] = guided

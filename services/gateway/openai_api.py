@@ -247,6 +247,12 @@ def _sampling(
             "best_of > n cannot be streamed: the best candidates are known only at the end",
             param="best_of",
         )
+    beam = _opt_bool(body, "use_beam_search", False)
+    if beam and stream:
+        raise InvalidRequestError(
+            "beam search cannot be streamed: the best hypotheses are known only at the end",
+            param="stream",
+        )
     stop_ids = body.get("stop_token_ids")
     vocab = info.executor.vocab_size
     if stop_ids is not None and not (
@@ -262,7 +268,8 @@ def _sampling(
         "n": n,
         "best_of": best_of,
         "max_tokens": max_tokens,
-        "temperature": body.get("temperature"),
+        # Beam search is deterministic: an omitted temperature means 0 there, not 1.
+        "temperature": 0.0 if beam and body.get("temperature") is None else body.get("temperature"),
         "top_p": body.get("top_p"),
         "top_k": body.get("top_k"),
         "min_p": body.get("min_p"),
@@ -276,6 +283,9 @@ def _sampling(
         "repetition_penalty": body.get("repetition_penalty"),
         "logit_bias": bias,
         "guided": guided_from_body(body),
+        "use_beam_search": beam,
+        "length_penalty": body.get("length_penalty"),
+        "early_stopping": body.get("early_stopping"),
     }
     # null means "the default", which SamplingParams supplies; it validates the rest itself.
     return SamplingParams(**{k: v for k, v in values.items() if v is not None})

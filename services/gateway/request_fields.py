@@ -54,6 +54,13 @@ COMMON: dict[str, dict[str, Any]] = {
     "guided_regex": _STR,
     "guided_choice": {"type": "array", "items": _STR},
     "guided_grammar": _STR,
+    "use_beam_search": {
+        **_BOOL,
+        "description": "beam search: n beams, the n best hypotheses returned best first; "
+        "not streamable; temperature must be 0 or omitted",
+    },
+    "length_penalty": {**_NUM, "description": "beam score = cumulative logprob / length ** x"},
+    "early_stopping": {"oneOf": [_BOOL, {"enum": ["never"]}]},
 }
 
 COMPLETION_ONLY: dict[str, dict[str, Any]] = {
@@ -97,9 +104,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,),
     "web_search_options": (None,),
     "reasoning_effort": (None,),
-    "use_beam_search": (None, False),
-    "length_penalty": (None, 1, 1.0),
-    "early_stopping": (None, False),
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "guided_whitespace_pattern": (None,),

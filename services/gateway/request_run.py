@@ -55,6 +55,7 @@ class Sample:
     finish_reason: str | None = None
     started: bool = False  # a streaming chunk was sent for it (echo / chat role go first)
     text_offset: int = 0  # completions logprobs: characters sent before the next token
+    cumulative_logprob: float | None = None  # beam search: reported beside each hypothesis
 
 
 @dataclass
@@ -173,6 +174,7 @@ class RequestRun:
             if seq.finish_reason in ("abort", "error"):
                 self._done = self._failed = True
                 raise GenerationFailed(self._backend_end_error(seq.finish_reason))
+            sample.cumulative_logprob = seq.cumulative_logprob
             parts, used = [], []
             for i, token_id in enumerate(seq.token_ids):
                 parts.append(sample.detok.step(token_id))

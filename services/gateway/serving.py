@@ -156,6 +156,8 @@ def _final_body(run: RequestRun, texts: TokenTexts) -> dict[str, Any]:
         else:
             lp = fmt.chat_logprobs(s.logprobs, texts) if parsed.logprobs else None
             choices.append(fmt.chat_choice(s.index, text, lp, s.finish_reason))
+        if s.cumulative_logprob is not None:  # beam search: hypotheses come best first
+            choices[-1]["cumulative_logprob"] = s.cumulative_logprob
     body = fmt.envelope(
         _object_name(run, chunk=False), run.request_id, run.created, parsed.model, choices
     )

@@ -61,7 +61,13 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
         # whole then.
         for index, seq in group.reported_seqs():
             logprobs = list(seq.logprobs) if want_logprobs else []
-            by_index[index] = SeqDelta(index, seq.output_token_ids, logprobs, seq.finish_reason)
+            by_index[index] = SeqDelta(
+                index,
+                seq.output_token_ids,
+                logprobs,
+                seq.finish_reason,
+                seq.cumulative_logprob if group.beam is not None else None,
+            )
     else:
         for seq, token in update.new_tokens:
             delta = by_index.setdefault(seq.index, SeqDelta(seq.index, []))

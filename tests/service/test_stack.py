@@ -102,6 +102,47 @@ async def test_streamed_greedy_text_equals_the_in_process_engine(stack, tiny_mod
         assert finish == "length"
 
 
+async def test_beam_search_through_the_openai_client(stack, tiny_model_dir, prompts):
+    import openai
+
+    url, model, _ = stack
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    beam = {"use_beam_search": True, "length_penalty": 1.0, "early_stopping": False}
+    reply = await client.completions.create(
+        model=model, prompt=prompts[4], max_tokens=8, n=4, extra_body=beam
+    )
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    sampling = SamplingParams(n=4, max_tokens=8, temperature=0.0, use_beam_search=True)
+    (expected,) = engine.generate([prompts[4]], sampling)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert [c.text for c in reply.choices] == [
+        engine.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in expected.outputs
+    ]
+    scores = [c.model_extra["cumulative_logprob"] for c in reply.choices]
+    assert scores == pytest.approx([o.cumulative_logprob for o in expected.outputs])
+    assert reply.usage.completion_tokens == sum(len(o.token_ids) for o in expected.outputs)
+
+    chat = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "the capital"}],
+        max_tokens=6,
+        n=2,
+        extra_body=beam,
+    )
+    assert len(chat.choices) == 2 and all(c.message.content for c in chat.choices)
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.completions.create(
+            model=model, prompt="x", max_tokens=4, n=2, stream=True, extra_body=beam
+        )
+    assert "beam search cannot be streamed" in str(error.value)
+    with pytest.raises(openai.BadRequestError) as error:
+        await client.completions.create(
+            model=model, prompt="x", max_tokens=4, n=2, temperature=0.8, extra_body=beam
+        )
+    assert "temperature" in str(error.value)
+    await client.close()
+
+
 async def test_32_concurrent_streams_complete_with_continuous_batching(stack, prompts):
     url, model, plan_log = stack
     before = len(plan_log.read_text().splitlines()) if plan_log.exists() else 0
