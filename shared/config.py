@@ -74,6 +74,8 @@ class SchedulerConfig:
     # KV allocation: "paged" blocks on demand, or an Orca baseline that reserves a contiguous
     # region per request ("orca-max", "orca-pow2", "orca-oracle"); see services/scheduler.
     kv_policy: str = "paged"
+    # Reuse the K/V of full prompt blocks that earlier requests computed (paged policy only).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

@@ -34,6 +34,7 @@ def make_scheduler(
     enable_chunked_prefill: bool = True,
     preemption_mode: str = "recompute",
     watermark: float = 0.0,
+    enable_prefix_caching: bool = True,
 ) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -41,6 +42,7 @@ def make_scheduler(
         enable_chunked_prefill=enable_chunked_prefill,
         preemption_mode=preemption_mode,
         watermark=watermark,
+        enable_prefix_caching=enable_prefix_caching,
     )
     ready = ExecutorReady(
         num_device_blocks=num_device_blocks,
@@ -298,13 +300,16 @@ def test_max_num_seqs_reserves_a_seat_per_parallel_sample():
 def contended(mode: str = "recompute", num_cpu_blocks: int = 4) -> Scheduler:
     """a and b (1 block each) grow in lockstep through a 4-block pool; c waits for a seat.
 
-    After 5 steps both hold 2 full blocks and at step 5 a needs a third: b must go.
+    After 5 steps both hold 2 full blocks and at step 5 a needs a third: b must go. The block
+    ids below follow plain FIFO reuse, without a prefix cache (test_prefix_cache.py pins the
+    cached order and reuse).
     """
     scheduler = make_scheduler(
         num_device_blocks=4,
         num_cpu_blocks=num_cpu_blocks,
         max_num_seqs=2,
         preemption_mode=mode,
+        enable_prefix_caching=False,
     )
     add(scheduler, "a", 4, first=10, max_tokens=8)
     add(scheduler, "b", 4, first=20, max_tokens=8)

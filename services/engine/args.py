@@ -63,6 +63,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=["paged", "orca-max", "orca-pow2", "orca-oracle"],
         help="KV allocation: paged blocks, or an Orca baseline's contiguous reservation",
     )
+    sched.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="do not reuse the K/V of prompt blocks that earlier requests computed",
+    )
 
     sim = parser.add_argument_group("simulated executor")
     sim.add_argument(
@@ -120,6 +126,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             enable_chunked_prefill=args.chunked_prefill,
             preemption_mode=args.preemption_mode,
             kv_policy=args.kv_policy,
+            enable_prefix_caching=args.prefix_caching,
         ),
         executor=args.executor,
         sim=SimConfig(
@@ -171,6 +178,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
             argv += [flag, str(value)]
     if not args.chunked_prefill:
         argv.append("--no-chunked-prefill")
+    if not args.prefix_caching:
+        argv.append("--no-prefix-caching")
     if args.tp_external_workers:
         argv.append("--tp-external-workers")
     return argv

@@ -1,10 +1,12 @@
-"""Block tables over the device and CPU pools: allocate on demand, fork, copy-on-write, swap."""
+"""Block tables over the device and CPU pools: allocate on demand, fork, copy-on-write, swap, and
+reuse of cached prefix blocks."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from services.scheduler.block_pool import BlockPool
+from services.scheduler.prefix_cache import Digest, DigestFn, PrefixCache, block_digest
 from services.scheduler.sequence import SequenceGroup
 from shared.sampling import SamplingParams
 
@@ -19,9 +21,18 @@ def cdiv(a: int, b: int) -> int:
 class BlockManager:
     """Maps each sequence's logical blocks to physical ones. Only this class decides block ids."""
 
-    def __init__(self, block_size: int, num_device_blocks: int, num_cpu_blocks: int) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        num_device_blocks: int,
+        num_cpu_blocks: int,
+        enable_prefix_caching: bool = False,
+        digest_fn: DigestFn = block_digest,
+    ) -> None:
         self.block_size = block_size
-        self.device = BlockPool(num_device_blocks, "device")
+        # Only device blocks are cached: a swapped-out block's device copy stays findable.
+        self.prefix_cache = PrefixCache(digest_fn) if enable_prefix_caching else None
+        self.device = BlockPool(num_device_blocks, "device", self.prefix_cache)
         self.cpu = BlockPool(num_cpu_blocks, "cpu")
         self.tables: dict[int, list[int]] = {}  # seq_id -> device block ids, logical order
         self.cpu_tables: dict[int, list[int]] = {}  # seq_id -> cpu block ids of swapped seqs
@@ -29,6 +40,9 @@ class BlockManager:
         # stale (new seq, copy-on-write, swap-in) and the next plan must send the whole table.
         self._synced: dict[int, int] = {}
         self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet in a plan
+        # Prefix caching. Digests depend on tokens only, so they survive swaps and recompute.
+        self._digests: dict[int, list[Digest]] = {}  # seq_id -> digest of each full block so far
+        self._num_offered: dict[int, int] = {}  # seq_id -> leading table entries offered to the cache
 
     # ---- sizing -------------------------------------------------------------------------------
     def num_new_blocks(self, writes: list[Write], swapped: bool = False) -> int:
@@ -63,9 +77,23 @@ class BlockManager:
     def validate_request(self, sampling: SamplingParams) -> None:
         """Raise InvalidRequestError for requests this policy cannot serve (paged: none)."""
 
-    def admission_blocks(self, group: SequenceGroup) -> int:
-        """Device blocks a waiting group needs to be admitted: its whole (re)computation."""
-        return sum(cdiv(s.num_tokens, self.block_size) for s in group.live_seqs())
+    def admission_blocks(
+        self, group: SequenceGroup, reused: dict[int, list[int]] | None = None
+    ) -> int:
+        """Device blocks a waiting group takes from the free blocks to be admitted: its whole
+        (re)computation, less the cached blocks it reuses (`reused`: seq_id -> block ids) that
+        others hold. Recomputed parallel samples share the first one's full prompt blocks."""
+        live = group.live_seqs()
+        shared = self.shared_prompt_blocks(group)
+        blocks = sum(cdiv(s.num_tokens, self.block_size) - shared for s in live) + shared
+        held = {b for ids in (reused or {}).values() for b in ids if self.device.ref_counts[b]}
+        return blocks - len(held)
+
+    def shared_prompt_blocks(self, group: SequenceGroup) -> int:
+        """Full prompt blocks that a forked group's live samples hold in common (0 if unforked)."""
+        if not group.forked or len(group.live_seqs()) < 2:
+            return 0
+        return group.seqs[0].prompt_len // self.block_size
 
     def can_admit(self, group: SequenceGroup, num_blocks: int) -> bool:
         """Whether the free blocks can take the group's admission_blocks (paged: any will do)."""
@@ -107,13 +135,84 @@ class BlockManager:
         for block_id in table:
             self.device.incref(block_id)
         self.tables[child_id] = table
+        self._digests[child_id] = list(self._digests.get(parent_id, []))
+        self._num_offered[child_id] = self._num_offered.get(parent_id, 0)
+
+    def share_prefix(self, src_id: int, dst_id: int, num_blocks: int) -> None:
+        """dst drops what it holds and shares src's first num_blocks blocks (written, full)."""
+        self.device.release(self.tables.pop(dst_id, []))
+        table = self.tables[src_id][:num_blocks]
+        for block_id in table:
+            self.device.incref(block_id)
+        self.tables[dst_id] = table
+        self._synced.pop(dst_id, None)
+        self._num_offered[dst_id] = 0
 
     def free(self, seq_id: int) -> None:
-        for block_id in self.tables.pop(seq_id, []):
-            self.device.decref(block_id)
-        for block_id in self.cpu_tables.pop(seq_id, []):
-            self.cpu.decref(block_id)
+        self.device.release(self.tables.pop(seq_id, []))
+        self.cpu.release(self.cpu_tables.pop(seq_id, []))
         self._synced.pop(seq_id, None)
+        self._digests.pop(seq_id, None)
+        self._num_offered.pop(seq_id, None)
+
+    # ---- prefix caching -----------------------------------------------------------------------
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.prefix_cache) if self.prefix_cache is not None else 0
+
+    def cached_prefix(self, seq_id: int, token_ids: list[int]) -> list[int]:
+        """Device blocks holding the longest cached prefix of these tokens, verified block by
+        block; changes nothing. At least one token is left to compute, so the step samples."""
+        if self.prefix_cache is None:
+            return []
+        bs = self.block_size
+        max_blocks = (len(token_ids) - 1) // bs
+        digests = self._digests_of(seq_id, token_ids, max_blocks)
+        hits: list[int] = []
+        for i in range(max_blocks):
+            parent = digests[i - 1] if i else None
+            block_id = self.prefix_cache.find(digests[i], parent, token_ids[i * bs : (i + 1) * bs])
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def reuse(self, seq_id: int, block_ids: list[int]) -> None:
+        """A sequence with no blocks takes these cached ones by reference (its computed prefix)."""
+        if self.tables.get(seq_id):
+            raise RuntimeError(f"seq {seq_id} already holds blocks; reuse starts a table")
+        for block_id in block_ids:
+            self.device.reuse(block_id)
+        self.tables[seq_id] = list(block_ids)
+        self._num_offered[seq_id] = len(block_ids)
+
+    def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        """Offer the sequence's full blocks whose K/V are now written to the prefix cache.
+
+        Called once the step that wrote them is reported (one plan is in flight at a time), so a
+        block is never found before its K/V exist.
+        """
+        if self.prefix_cache is None:
+            return
+        bs = self.block_size
+        start, end = self._num_offered.get(seq_id, 0), num_computed // bs
+        if end <= start:
+            return
+        digests = self._digests_of(seq_id, token_ids, end)
+        table = self.tables[seq_id]
+        for i in range(start, end):
+            parent = digests[i - 1] if i else None
+            self.prefix_cache.add(table[i], digests[i], parent, token_ids[i * bs : (i + 1) * bs])
+        self._num_offered[seq_id] = end
+
+    def _digests_of(self, seq_id: int, token_ids: list[int], num_blocks: int) -> list[Digest]:
+        """The chained digests of the sequence's first num_blocks blocks, memoized per sequence."""
+        digests = self._digests.setdefault(seq_id, [])
+        bs = self.block_size
+        for i in range(len(digests), num_blocks):
+            parent = digests[i - 1] if i else None
+            digests.append(self.prefix_cache.digest(parent, token_ids[i * bs : (i + 1) * bs]))
+        return digests
 
     # ---- swapping -----------------------------------------------------------------------------
     def swap_out(self, seq_ids: list[int]) -> list[tuple[int, int]]:
@@ -121,7 +220,12 @@ class BlockManager:
         return self._move(seq_ids, self.tables, self.cpu_tables, self.device, self.cpu)
 
     def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
-        """Move these sequences' blocks back to the device pool; returns (cpu, device) pairs."""
+        """Move these sequences' blocks back to the device pool; returns (cpu, device) pairs.
+
+        The new device blocks are offered to the prefix cache again after the next step (their
+        content may have been evicted meanwhile)."""
+        for seq_id in seq_ids:
+            self._num_offered[seq_id] = 0
         return self._move(seq_ids, self.cpu_tables, self.tables, self.cpu, self.device)
 
     def _move(
@@ -136,13 +240,14 @@ class BlockManager:
         for seq_id in seq_ids:
             new_table = []
             # A recomputing sample may hold no blocks yet (the budget reached only its siblings).
-            for src in src_tables.pop(seq_id, []):
+            src_table = src_tables.pop(seq_id, [])
+            for src in src_table:
                 if src in mapping:
                     dst_pool.incref(mapping[src])
                 else:
                     mapping[src] = dst_pool.allocate()
-                src_pool.decref(src)
                 new_table.append(mapping[src])
+            src_pool.release(src_table)
             dst_tables[seq_id] = new_table
             self._synced.pop(seq_id, None)
         return list(mapping.items())

@@ -70,7 +70,7 @@ class ContiguousBlockManager(BlockManager):
         tokens = region_tokens(self.policy, seq.prompt_len, group.sampling, self.max_seq_len)
         return cdiv(tokens, self.block_size)
 
-    def admission_blocks(self, group: SequenceGroup) -> int:
+    def admission_blocks(self, group: SequenceGroup, reused=None) -> int:
         return self.region_blocks(group) * len(group.live_seqs())
 
     def can_admit(self, group: SequenceGroup, num_blocks: int) -> bool:
@@ -125,10 +125,17 @@ class ContiguousBlockManager(BlockManager):
 
 
 def make_block_manager(
-    policy: str, block_size: int, num_device_blocks: int, num_cpu_blocks: int, max_seq_len: int
+    policy: str,
+    block_size: int,
+    num_device_blocks: int,
+    num_cpu_blocks: int,
+    max_seq_len: int,
+    enable_prefix_caching: bool = False,
 ) -> BlockManager:
+    """The block manager of a policy. Prefix caching applies to `paged` only: an Orca region is
+    private to its request and reserved whole, so there is nothing to share into."""
     if policy == "paged":
-        return BlockManager(block_size, num_device_blocks, num_cpu_blocks)
+        return BlockManager(block_size, num_device_blocks, num_cpu_blocks, enable_prefix_caching)
     if policy not in KV_POLICIES:
         raise ValueError(f"kv_policy must be one of {', '.join(KV_POLICIES)}, got {policy!r}")
     return ContiguousBlockManager(policy, block_size, num_device_blocks, max_seq_len)

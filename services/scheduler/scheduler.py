@@ -51,13 +51,7 @@ class Scheduler:
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
-        self.block_manager: BlockManager = make_block_manager(
-            config.kv_policy,
-            ready.block_size,
-            ready.num_device_blocks,
-            ready.num_cpu_blocks,
-            self.max_seq_len,
-        )
+        self.block_manager: BlockManager = self._make_block_manager(ready)
         self.watermark_blocks = int(config.watermark * ready.num_device_blocks)
 
         self.waiting: deque[SequenceGroup] = (
@@ -74,6 +68,9 @@ class Scheduler:
         self._next_arrival = 0
         self._next_step_id = 0
         self.num_preemptions = 0
+        # Prefix cache: tokens of admitted sequences looked up, and those found computed.
+        self.prefix_cache_queried_tokens = 0
+        self.prefix_cache_hit_tokens = 0
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(
@@ -161,13 +158,7 @@ class Scheduler:
         repeat the old one's.
         """
         groups = sorted([*self.running, *self.swapped, *self.waiting], key=lambda g: g.arrival)
-        self.block_manager = make_block_manager(
-            self.config.kv_policy,
-            ready.block_size,
-            ready.num_device_blocks,
-            ready.num_cpu_blocks,
-            self.max_seq_len,
-        )
+        self.block_manager = self._make_block_manager(ready)
         for group in groups:
             for seq in group.live_seqs():
                 seq.num_computed_tokens = 0
@@ -179,6 +170,16 @@ class Scheduler:
         self._inflight.clear()
         self._inflight_victims.clear()
         self._freed_seq_ids = []  # the new executor knows none of them
+
+    def _make_block_manager(self, ready: ExecutorReady) -> BlockManager:
+        return make_block_manager(
+            self.config.kv_policy,
+            ready.block_size,
+            ready.num_device_blocks,
+            ready.num_cpu_blocks,
+            self.max_seq_len,
+            self.config.enable_prefix_caching,
+        )
 
     def has_unfinished(self) -> bool:
         return bool(self.groups)
@@ -199,6 +200,7 @@ class Scheduler:
         i = 0
         while i < len(self.running):
             group = self.running[i]
+            self._share_recomputed_prompt(group)
             writes = self._plan_writes(group, budget)
             if writes is None:
                 i += 1
@@ -263,17 +265,20 @@ class Scheduler:
     ) -> int | None:
         """Admit waiting[0] (new or recompute-preempted); its tokens, or None when it must wait."""
         group = self.waiting[0]
-        writes = self._plan_writes(group, budget)
+        reused = self._cached_prefixes(group)  # looked up only; taken if the group is admitted
+        writes = self._plan_writes(group, budget, reused)
         if writes is None or not self._has_seats(group):
             return None
         # Admit only when the whole (re)computation fits above the watermark, so an admitted
-        # group is not preempted right away. Forked samples recomputed without their shared
-        # prompt blocks can outgrow even an idle pool: those end instead of blocking the queue.
-        need = self.block_manager.admission_blocks(group)
+        # group is not preempted right away. A group that outgrows even an idle pool ends
+        # instead of blocking the queue. Cached blocks reused from the free ones count as taken.
+        need = self.block_manager.admission_blocks(group, reused)
         if not self.running and need > self.block_manager.device.num_blocks:
             self.waiting.popleft()
             self._end_for_capacity(group)
             return 0
+        # _can_write sees no reused block yet: they are whole blocks before the writes, so the
+        # new blocks it counts are the same, and _fits has counted the free ones reuse takes.
         if not (
             self._fits(need)
             and self.block_manager.can_admit(group, need)
@@ -281,10 +286,60 @@ class Scheduler:
         ):
             return None
         self.waiting.popleft()
+        self._reuse_prefixes(group, reused)
         self.block_manager.admit(group)
         group.set_status(SeqStatus.RUNNING)
         bisect.insort(self.running, group, key=lambda g: g.arrival)
         return self._write(group, writes, entries)
+
+    def _cached_prefixes(self, group: SequenceGroup) -> dict[int, list[int]]:
+        """seq_id -> cached blocks holding the start of that live sequence's tokens.
+
+        The executor learns penalty counts and grammar state from the tokens plans feed it, so a
+        group that uses them reuses nothing it would not be fed (prompt logprobs do not exist).
+        """
+        if group.sampling.has_penalties or group.sampling.guided is not None:
+            return {}
+        found = {}
+        for seq in group.live_seqs():
+            blocks = self.block_manager.cached_prefix(seq.seq_id, seq.token_ids)
+            if blocks:
+                found[seq.seq_id] = blocks
+        return found
+
+    def _reuse_prefixes(self, group: SequenceGroup, reused: dict[int, list[int]]) -> None:
+        """The admitted group takes its cached blocks: their tokens count as computed."""
+        if self.block_manager.prefix_cache is None:
+            return
+        for seq in group.live_seqs():
+            blocks = reused.get(seq.seq_id)
+            if blocks:
+                self.block_manager.reuse(seq.seq_id, blocks)
+                seq.num_computed_tokens = len(blocks) * self.block_size
+            self.prefix_cache_queried_tokens += seq.num_tokens
+            self.prefix_cache_hit_tokens += seq.num_computed_tokens
+
+    def _share_recomputed_prompt(self, group: SequenceGroup) -> None:
+        """Parallel samples recomputed after a preemption share their prompt again.
+
+        The first live sample recomputes the prompt; the others wait (see _plan_writes) until its
+        full prompt blocks are written, then take them by reference, as the fork did the first
+        time, and compute only their own tail. A sample the executor has not seen (after an
+        executor restart) whose sampling needs its history computes everything itself.
+        """
+        shared_blocks = self.block_manager.shared_prompt_blocks(group)
+        live = group.live_seqs()
+        shared = shared_blocks * self.block_size
+        if not shared or live[0].num_computed_tokens < shared:
+            return
+        for seq in live[1:]:
+            if seq.num_computed_tokens < shared and not self._needs_own_prompt(group, seq):
+                self.block_manager.share_prefix(live[0].seq_id, seq.seq_id, shared_blocks)
+                seq.num_computed_tokens = shared
+
+    def _needs_own_prompt(self, group: SequenceGroup, seq: Sequence) -> bool:
+        sampling = group.sampling
+        return not seq.announced and (sampling.has_penalties or sampling.guided is not None)
 
     def update(self, result: StepResult) -> list[GroupUpdate]:
         """Apply the executor's reply: advance counters, append tokens, fork, finish, free."""
@@ -322,6 +377,7 @@ class Scheduler:
                 self._freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
+            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a non-final prompt chunk: nothing sampled
             if group.beam is not None:
@@ -350,15 +406,25 @@ class Scheduler:
         return list(updates.values())
 
     # ---- helpers ------------------------------------------------------------------------------
-    def _plan_writes(self, group: SequenceGroup, budget: int) -> list[tuple[Sequence, int]] | None:
+    def _plan_writes(
+        self, group: SequenceGroup, budget: int, reused: dict[int, list[int]] | None = None
+    ) -> list[tuple[Sequence, int]] | None:
         """Tokens each live sequence computes this step, or None if none fits the budget.
 
         A sequence the budget cannot serve now (a prompt that chunking may not split) waits for
-        a later step; its group is still preempted and recovered whole.
+        a later step; its group is still preempted and recovered whole. `reused` gives blocks a
+        waiting sequence would take from the prefix cache (they count as computed). A recomputed
+        parallel sample waits for the first one's prompt blocks (_share_recomputed_prompt).
         """
         writes = []
-        for seq in group.live_seqs():
-            uncomputed = seq.num_uncomputed_tokens
+        shared = self.block_manager.shared_prompt_blocks(group) * self.block_size
+        for i, seq in enumerate(group.live_seqs()):
+            computed = seq.num_computed_tokens
+            if reused:
+                computed += len(reused.get(seq.seq_id, ())) * self.block_size
+            if i > 0 and computed < shared and not self._needs_own_prompt(group, seq):
+                continue
+            uncomputed = seq.num_tokens - computed
             if self.config.enable_chunked_prefill:
                 n = min(uncomputed, budget)
             else:
