@@ -96,6 +96,7 @@ def engine_config(
     preemption_mode: str = "recompute",
     dtype: str = "float32",
     attention_backend: str = "torch",
+    enable_prefix_caching: bool = True,
 ) -> EngineConfig:
     from services.executor.weights import load_hf_config
 
@@ -121,6 +122,7 @@ def engine_config(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill,
             preemption_mode=preemption_mode,
+            enable_prefix_caching=enable_prefix_caching,
         ),
     )
 

@@ -200,7 +200,6 @@ class Scheduler:
         i = 0
         while i < len(self.running):
             group = self.running[i]
-            self._share_recomputed_prompt(group)
             writes = self._plan_writes(group, budget)
             if writes is None:
                 i += 1
@@ -319,13 +318,21 @@ class Scheduler:
             self.prefix_cache_queried_tokens += seq.num_tokens
             self.prefix_cache_hit_tokens += seq.num_computed_tokens
 
+    def _note_computed(self, group: SequenceGroup, seq: Sequence) -> None:
+        """The step that wrote seq's K/V is reported: its full blocks join the prefix cache, and a
+        recomputed group's waiting samples may now share the prompt blocks."""
+        self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        if group.forked:
+            self._share_recomputed_prompt(group)
+
     def _share_recomputed_prompt(self, group: SequenceGroup) -> None:
         """Parallel samples recomputed after a preemption share their prompt again.
 
         The first live sample recomputes the prompt; the others wait (see _plan_writes) until its
         full prompt blocks are written, then take them by reference, as the fork did the first
-        time, and compute only their own tail. A sample the executor has not seen (after an
-        executor restart) whose sampling needs its history computes everything itself.
+        time, and compute only their own tail. This runs as soon as the step is reported, before
+        the first sample may finish and free its blocks. A sample the executor has not seen
+        (after an executor restart) whose sampling needs its history computes everything itself.
         """
         shared_blocks = self.block_manager.shared_prompt_blocks(group)
         live = group.live_seqs()
@@ -377,7 +384,7 @@ class Scheduler:
                 self._freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
-            self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            self._note_computed(group, seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a non-final prompt chunk: nothing sampled
             if group.beam is not None:
