@@ -145,6 +145,11 @@ class SchedulerStats:
     # over the time since start (weighted by step duration).
     kv_fractions: dict[str, float] = field(default_factory=dict)
     kv_fractions_avg: dict[str, float] = field(default_factory=dict)
+    # Prefix cache, since start: prompt (and recomputed) tokens of admitted sequences looked up,
+    # and those found with their K/V already in the cache; device blocks findable now.
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_blocks: int = 0
 
 
 @dataclass

@@ -31,3 +31,21 @@ def test_kv_fractions_on_metrics():
     assert 'pagedserve_kv_memory_fraction_avg{kind="token_states"} 0.5' in lines
     empty, _ = GatewayMetrics(lambda: None).render()
     assert "kv_memory_fraction{" not in empty.decode()
+
+
+def test_prefix_cache_counters_survive_the_wire_and_come_out_on_metrics():
+    stats = SchedulerStats(
+        2, 0, 0, 10, 16, 0, 5,
+        prefix_cache_queried_tokens=900, prefix_cache_hit_tokens=640, prefix_cache_blocks=12,
+    )  # fmt: skip
+    message = decode(encode(TokenDeltas([], stats)))
+    assert (
+        message.stats.prefix_cache_queried_tokens,
+        message.stats.prefix_cache_hit_tokens,
+        message.stats.prefix_cache_blocks,
+    ) == (900, 640, 12)
+    body, _ = GatewayMetrics(lambda: message.stats).render()
+    lines = set(body.decode().splitlines())
+    assert "pagedserve_prefix_cache_queried_tokens_total 900.0" in lines
+    assert "pagedserve_prefix_cache_hit_tokens_total 640.0" in lines
+    assert "pagedserve_prefix_cache_blocks 12.0" in lines

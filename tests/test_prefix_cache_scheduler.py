@@ -214,3 +214,34 @@ def test_recomputed_samples_wait_for_the_first_one_then_share_its_prompt_blocks(
     assert [manager.device.ref_counts[x] for x in prompt_blocks] == [2, 2]
     plan, _ = step(scheduler)
     assert [(r[0], r[2]) for r in rows(plan)] == [(s.seq_id, 8) for s in others]
+
+
+def test_the_block_map_lists_free_blocks_that_still_hold_a_prefix():
+    from services.scheduler.kv_state import PreemptionLog, kv_snapshot
+
+    scheduler = make_scheduler()
+    add(scheduler, "a", 9, max_tokens=1)
+    step(scheduler)
+    assert kv_snapshot(scheduler, PreemptionLog()).cached_block_ids == [1, 0]
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_no_prefix_caching_flag_reaches_the_config_and_child_processes(command, capsys):
+    import argparse
+
+    from services.engine.args import add_engine_args, engine_argv, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    default = parser.parse_args([])
+    assert engine_config_from_args(default).scheduler.enable_prefix_caching
+    assert "--no-prefix-caching" not in engine_argv(default, None)
+    off = parser.parse_args(["--no-prefix-caching"])
+    assert not engine_config_from_args(off).scheduler.enable_prefix_caching
+    assert "--no-prefix-caching" in engine_argv(off, None)  # serve passes it to the scheduler
+    from services.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "--no-prefix-caching" in capsys.readouterr().out

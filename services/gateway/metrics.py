@@ -59,6 +59,21 @@ class _SchedulerCollector:
             value=s.num_preemptions if s else 0,
         )
         yield CounterMetricFamily(
+            "pagedserve_prefix_cache_queried_tokens",
+            "Tokens of admitted sequences looked up in the prefix cache",
+            value=s.prefix_cache_queried_tokens if s else 0,
+        )
+        yield CounterMetricFamily(
+            "pagedserve_prefix_cache_hit_tokens",
+            "Tokens of admitted sequences whose K/V the prefix cache already held",
+            value=s.prefix_cache_hit_tokens if s else 0,
+        )
+        yield GaugeMetricFamily(
+            "pagedserve_prefix_cache_blocks",
+            "Device KV blocks the prefix cache can hand out (in use or free)",
+            value=s.prefix_cache_blocks if s else 0,
+        )
+        yield CounterMetricFamily(
             "pagedserve_executor_restarts",
             "Dead executors replaced (their requests recomputed) since the scheduler started",
             value=s.num_executor_restarts if s else 0,

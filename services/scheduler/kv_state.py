@@ -71,8 +71,7 @@ def kv_snapshot(scheduler: Scheduler, preemptions: PreemptionLog) -> KvState:
         device_owners=pack_ints(device_owners),
         cpu_ref_counts=pack_ints(manager.cpu.ref_counts),
         cpu_owners=pack_ints(cpu_owners),
-        # The block manager keeps no prefix cache yet: a freed block is simply free.
-        cached_block_ids=[],
+        cached_block_ids=manager.device.evictable_blocks(),
         requests=requests,
         preemptions=list(preemptions.events),
         num_preemptions=scheduler.num_preemptions,

@@ -405,6 +405,9 @@ class SchedulerService:
             kv_policy=self.config.scheduler.kv_policy,
             kv_fractions=self._kv_fractions,
             kv_fractions_avg=self._kv_accountant.averages(),
+            prefix_cache_queried_tokens=s.prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
+            prefix_cache_blocks=s.block_manager.num_cached_blocks,
         )
 
 
