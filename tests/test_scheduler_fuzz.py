@@ -1,5 +1,6 @@
 """Seeded random workloads through the scheduler alone: FCFS order, newest-first whole-group
-victims, progress every step, no leak, everyone finishes."""
+victims, progress every step, no leak, everyone finishes; with shared prefixes, the prefix cache
+hands out only blocks that hold the tokens asked for and keeps exact counts under eviction."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from shared.sampling import SamplingParams
 EOS = 2
 
 
-def _simulate(seed: int) -> Scheduler:
+def _simulate(seed: int, shared_prefixes: bool = False) -> Scheduler:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 8])
     num_device_blocks = rng.randint(3, 24)
@@ -30,6 +31,7 @@ def _simulate(seed: int) -> Scheduler:
             enable_chunked_prefill=chunked,
             preemption_mode=rng.choice(["swap", "recompute"]),
             watermark=rng.choice([0.0, 0.01, 0.1]),
+            enable_prefix_caching=not shared_prefixes or rng.random() < 0.8,
         ),
         ExecutorReady(
             num_device_blocks=num_device_blocks,
@@ -45,6 +47,15 @@ def _simulate(seed: int) -> Scheduler:
         (f"r{i}", [rng.randrange(3, 50) for _ in range(rng.randint(1, 24))])
         for i in range(rng.randint(1, 10))
     ]
+    if shared_prefixes:
+        # A few prefixes over a 4-token alphabet: many requests share blocks, and the always
+        # sampled token 7 makes output blocks collide too.
+        prefixes = [[rng.randrange(3, 7) for _ in range(rng.randint(1, 16))] for _ in range(3)]
+        pending = []
+        for i in range(rng.randint(2, 12)):
+            suffix = [rng.randrange(3, 7) for _ in range(rng.randint(0, 8))]
+            pending.append((f"r{i}", rng.choice(prefixes) + suffix))
+        evicted = _count_evictions(scheduler)
     for _ in range(2000):
         if pending and rng.random() < 0.3:
             request_id, prompt = pending.pop(0)
@@ -68,9 +79,40 @@ def _simulate(seed: int) -> Scheduler:
                     tokens.append(SampledToken(seq_id, EOS if rng.random() < 0.02 else 7))
         loop.finish(plan, StepResult(plan.step_id, tokens))  # raises if nothing moved
         scheduler.block_manager.check()
+        _check_cached_content(scheduler, seed)
         if not pending and not scheduler.groups:
+            if shared_prefixes:
+                scheduler.num_evictions = len(evicted)
             return scheduler
     raise AssertionError(f"seed {seed}: requests still unfinished after 2000 steps")
+
+
+def _count_evictions(scheduler: Scheduler) -> list[int]:
+    cache = scheduler.block_manager.prefix_cache
+    evicted: list[int] = []
+    if cache is not None:
+        remove = cache.remove
+        cache.remove = lambda block_id: (evicted.append(block_id), remove(block_id))[1]
+    return evicted
+
+
+def _check_cached_content(scheduler: Scheduler, seed: int) -> None:
+    """Every cached block a running sequence holds within its computed tokens holds exactly
+    that sequence's tokens there: a hit never hands out other K/V."""
+    manager = scheduler.block_manager
+    cache, bs = manager.prefix_cache, manager.block_size
+    if cache is None:
+        return
+    for group in scheduler.running:
+        for seq in group.live_seqs():
+            table = manager.tables.get(seq.seq_id, [])
+            for i in range(min(len(table), seq.num_computed_tokens // bs)):
+                entry = cache._entry_of.get(table[i])
+                if entry is not None:
+                    want = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+                    assert entry.token_ids == want, (
+                        f"seed {seed}: block {table[i]} holds other tokens"
+                    )
 
 
 def _arrivals(groups) -> list[int]:
@@ -111,3 +153,18 @@ def test_random_workloads_finish_without_leaks(chunk):
         assert manager.device.num_free == manager.device.num_blocks, f"seed {seed}"
         assert manager.cpu.num_free == manager.cpu.num_blocks, f"seed {seed}"
         assert not manager.tables and not manager.cpu_tables, f"seed {seed}"
+
+
+@pytest.mark.parametrize("chunk", range(6))
+def test_shared_prefix_workloads_keep_the_prefix_cache_exact_under_eviction(chunk):
+    hits = evictions = 0
+    for seed in range(chunk * 300, (chunk + 1) * 300):
+        scheduler = _simulate(seed, shared_prefixes=True)
+        manager = scheduler.block_manager
+        assert manager.device.num_free == manager.device.num_blocks, f"seed {seed}"
+        assert manager.cpu.num_free == manager.cpu.num_blocks, f"seed {seed}"
+        assert not manager.tables and not manager.cpu_tables, f"seed {seed}"
+        assert not manager._digests and not manager._num_offered, f"seed {seed}"
+        hits += scheduler.prefix_cache_hit_tokens
+        evictions += scheduler.num_evictions
+    assert hits > 0 and evictions > 0  # the workloads did exercise reuse and eviction

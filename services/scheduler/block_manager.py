@@ -42,7 +42,9 @@ class BlockManager:
         self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet in a plan
         # Prefix caching. Digests depend on tokens only, so they survive swaps and recompute.
         self._digests: dict[int, list[Digest]] = {}  # seq_id -> digest of each full block so far
-        self._num_offered: dict[int, int] = {}  # seq_id -> leading table entries offered to the cache
+        self._num_offered: dict[
+            int, int
+        ] = {}  # seq_id -> leading table entries offered to the cache
 
     # ---- sizing -------------------------------------------------------------------------------
     def num_new_blocks(self, writes: list[Write], swapped: bool = False) -> int:
