@@ -40,11 +40,11 @@ class BlockManager:
         # stale (new seq, copy-on-write, swap-in) and the next plan must send the whole table.
         self._synced: dict[int, int] = {}
         self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet in a plan
-        # Prefix caching. Digests depend on tokens only, so they survive swaps and recompute.
-        self._digests: dict[int, list[Digest]] = {}  # seq_id -> digest of each full block so far
-        self._num_offered: dict[
-            int, int
-        ] = {}  # seq_id -> leading table entries offered to the cache
+        # Prefix caching. seq_id -> the chained digest of each full block so far (they depend on
+        # tokens only, so they survive swaps), and how many leading table entries were already
+        # offered to the cache.
+        self._digests: dict[int, list[Digest]] = {}
+        self._num_offered: dict[int, int] = {}
 
     # ---- sizing -------------------------------------------------------------------------------
     def num_new_blocks(self, writes: list[Write], swapped: bool = False) -> int:
