@@ -60,3 +60,27 @@ def test_bench_memory_and_serve_commands(tmp_path, capsys):
     assert data["max_sustainable_rate"]["paged"] >= data["max_sustainable_rate"]["orca-max"]
     assert png.stat().st_size > 0
     assert "max sustainable rate" in capsys.readouterr().out
+
+
+def test_bench_sharing_prefix_caching_section(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "sharing.json"
+    argv = ["bench", "sharing", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--num-threads", "1", "--num-device-blocks", "128", "--max-num-batched-tokens", "64",
+            "--num-requests", "6", "--system-prompt-len", "40",
+            "--workload", "system-prompt", "--workload", "translation-1shot",
+            "--no-progress", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    workloads = data["prefix_caching"]["workloads"]
+    assert set(workloads) == {"system-prompt", "translation-1shot"}
+    for name, prefix_len in (("system-prompt", 40), ("translation-1shot", 80)):
+        w = workloads[name]
+        assert w["prefix_len"] == prefix_len
+        assert w["outputs_identical"]
+        assert w["without"]["hit_tokens"] == 0 and w["without"]["queried_tokens"] == 0
+        # All six arrive at once; a 64-token budget admits one or two per step, so requests
+        # admitted after the first step find the prefix its step wrote.
+        assert 0 < w["with"]["hit_rate"] < 1
+        assert w["with"]["prompt_tokens"] == w["without"]["prompt_tokens"]
+        assert w["with"]["output_tokens"] == w["without"]["output_tokens"]
+    assert "speedup" in capsys.readouterr().out

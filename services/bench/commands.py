@@ -24,7 +24,9 @@ PAPER_RATE_RATIOS = {"orca-oracle": [1.7, 2.7], "orca-max": [2.7, 8.0]}
 
 
 def add_bench_parser(commands) -> None:
-    bench = commands.add_parser("bench", help="reproduce the paper's memory and latency figures")
+    bench = commands.add_parser(
+        "bench", help="reproduce the paper's memory, latency and sharing figures"
+    )
     sub = bench.add_subparsers(dest="bench_command", required=True)
     memory = sub.add_parser(
         "memory", help="KV memory breakdown per allocation policy", conflict_handler="resolve"
@@ -67,6 +69,10 @@ def add_bench_parser(commands) -> None:
         help="skip a policy's higher rates once its latency exceeds this times the bound",
     )
 
+    from services.bench.sharing_command import add_sharing_parser
+
+    add_sharing_parser(sub)
+
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("workload")
@@ -93,6 +99,10 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "sharing":
+        from services.bench.sharing_command import run_sharing
+
+        return run_sharing(args)
     args.kv_policies = args.kv_policies or list(KV_POLICIES)
     args.kv_policy = "paged"  # engine_config_from_args needs one; each run replaces it
     if args.bench_command == "memory":

@@ -121,8 +121,16 @@ SENTENCE_MEAN = 30.0  # tokens of sentence and of translation: our assumption, n
 def shared_prefix_trace(
     num_shots: int, num_requests: int, rate: float, seed: int, vocab_size: int
 ) -> list[TraceRequest]:
+    return prefixed_trace(SHARED_PREFIX_LENS[num_shots], num_requests, rate, seed, vocab_size)
+
+
+def prefixed_trace(
+    prefix_len: int, num_requests: int, rate: float, seed: int, vocab_size: int
+) -> list[TraceRequest]:
+    """Requests that all start with one seeded prefix of prefix_len tokens (few-shot examples,
+    a system prompt), then a sentence and a translation of lognormal lengths."""
     rng = np.random.default_rng(seed)
-    prefix = rng.integers(FIRST_TOKEN_ID, vocab_size, SHARED_PREFIX_LENS[num_shots]).tolist()
+    prefix = rng.integers(FIRST_TOKEN_ID, vocab_size, prefix_len).tolist()
     sigma = 0.5
     mu = math.log(SENTENCE_MEAN) - sigma**2 / 2  # lognormal mean = exp(mu + sigma^2 / 2)
     lens = np.maximum(MIN_LEN, np.rint(np.exp(mu + sigma * rng.standard_normal((num_requests, 2)))))
