@@ -5,7 +5,8 @@ that token's K/V is cached, is reserved when a later token of the sequence will 
 internal fragmentation when none ever will (past the sequence's final length, which is
 prompt + max_tokens: exact for benchmarks that set ignore_eos, an upper bound otherwise). A free
 slot is external fragmentation when it lies in a run of free blocks too short for the request
-waiting at the head of the queue (only contiguous allocators have any), else free.
+waiting at the head of the queue (only contiguous allocators have any), else free. A free block
+that still holds a cached prefix is free: it is evicted the moment anyone needs the memory.
 """
 
 from __future__ import annotations
