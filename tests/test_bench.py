@@ -68,9 +68,10 @@ def test_bench_sharing_prefix_caching_section(tiny_model_dir, tmp_path, capsys):
             "--num-threads", "1", "--num-device-blocks", "128", "--max-num-batched-tokens", "64",
             "--num-requests", "6", "--system-prompt-len", "40",
             "--workload", "system-prompt", "--workload", "translation-1shot",
-            "--no-progress", "--json", str(out)]  # fmt: skip
+            "--section", "prefix_caching", "--no-progress", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     data = json.loads(out.read_text())
+    assert "memory_saving" not in data
     workloads = data["prefix_caching"]["workloads"]
     assert set(workloads) == {"system-prompt", "translation-1shot"}
     for name, prefix_len in (("system-prompt", 40), ("translation-1shot", 80)):
@@ -84,3 +85,17 @@ def test_bench_sharing_prefix_caching_section(tiny_model_dir, tmp_path, capsys):
         assert w["with"]["prompt_tokens"] == w["without"]["prompt_tokens"]
         assert w["with"]["output_tokens"] == w["without"]["output_tokens"]
     assert "speedup" in capsys.readouterr().out
+
+
+def test_bench_sharing_memory_saving_section(tiny_model_dir, tmp_path):
+    out = tmp_path / "saving.json"
+    argv = ["bench", "sharing", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--num-threads", "1", "--num-device-blocks", "256", "--section", "memory_saving",
+            "--widths", "2", "--saving-traces", "alpaca", "--saving-requests", "alpaca=2",
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert "prefix_caching" not in data
+    runs = data["memory_saving"]["runs"]
+    assert [(r["mode"], r["width"]) for r in runs] == [("parallel", 2), ("beam", 2)]
+    assert all(0 < r["saving"] < 1 for r in runs)

@@ -113,8 +113,9 @@ def _prompt_positions(plans, seq_ids: set[int], end: int) -> int:
     )
 
 
-def _run_parallel(tiny_model_dir, num_device_blocks: int, caching: bool):
-    """A long greedy request beside a seeded n=3 one (18-token prompt: 4 full blocks of 4)."""
+def _run_parallel(tiny_model_dir, num_device_blocks: int, caching: bool, beams: bool = False):
+    """A long greedy request beside an n=3 one (seeded samples, or beams) whose 18-token prompt
+    fills 4 blocks of 4; its tokens, prompt positions < 16 computed, and the preemptions."""
     config = engine_config(
         tiny_model_dir,
         block_size=4,
@@ -127,25 +128,34 @@ def _run_parallel(tiny_model_dir, num_device_blocks: int, caching: bool):
     schedule = engine.scheduler.schedule
     engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
     long_prompt, prompt = random_prompts([40, 18], VOCAB, seed=9)
-    sampled = SamplingParams(n=3, max_tokens=20, temperature=1.0, seed=11, ignore_eos=True)
+    if beams:
+        shared = SamplingParams(
+            n=3, max_tokens=20, temperature=0.0, use_beam_search=True, ignore_eos=True
+        )
+    else:
+        shared = SamplingParams(n=3, max_tokens=20, temperature=1.0, seed=11, ignore_eos=True)
     outputs = engine.generate(
         [long_prompt, prompt],
-        [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), sampled],
+        [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), shared],
         on_step=lambda e: e.scheduler.block_manager.check(),
     )
     samples = [o.token_ids for o in outputs[1].outputs]
-    seq_ids = {1, 2, 3}  # the long request is sequence 0; the forks take the next ids
+    # The long request is sequence 0; every other id belongs to the n=3 group.
+    seq_ids = {s.seq_id for p in plans for s in p.seqs} - {0}
     return samples, _prompt_positions(plans, seq_ids, 16), engine.scheduler.num_preemptions
 
 
+@pytest.mark.parametrize("beams", [False, True], ids=["samples", "beams"])
 @pytest.mark.parametrize("caching", [False, True], ids=["no-cache", "cache"])
-def test_a_recomputed_parallel_group_prefills_its_prompt_once_with_the_same_samples(
-    tiny_model_dir, caching
+def test_a_recomputed_parallel_group_prefills_its_prompt_once_with_the_same_outputs(
+    tiny_model_dir, caching, beams
 ):
-    alone, computed_alone, preemptions = _run_parallel(tiny_model_dir, 256, caching)
+    alone, computed_alone, preemptions = _run_parallel(tiny_model_dir, 256, caching, beams)
     assert preemptions == 0 and computed_alone == 16
-    # 30 blocks: the long request needs 20, the group 4 shared + 3 x 6 own: it is preempted.
-    crowded, computed, preemptions = _run_parallel(tiny_model_dir, 30, caching)
+    # The long request needs 20 blocks, the samples 4 shared + 3 x 6 own (beams share more of
+    # their outputs): in 30 blocks (24 for beams) the group is preempted once.
+    pool = 24 if beams else 30
+    crowded, computed, preemptions = _run_parallel(tiny_model_dir, pool, caching, beams)
     assert preemptions == 1
     assert crowded == alone
     if caching:

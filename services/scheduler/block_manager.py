@@ -92,8 +92,9 @@ class BlockManager:
         return blocks - len(held)
 
     def shared_prompt_blocks(self, group: SequenceGroup) -> int:
-        """Full prompt blocks that a forked group's live samples hold in common (0 if unforked)."""
-        if not group.forked or len(group.live_seqs()) < 2:
+        """Full prompt blocks that a group's live sequences (parallel samples, beams) hold in
+        common; 0 for a single sequence."""
+        if len(group.seqs) < 2 or len(group.live_seqs()) < 2:
             return 0
         return group.seqs[0].prompt_len // self.block_size
 

@@ -322,11 +322,11 @@ class Scheduler:
         """The step that wrote seq's K/V is reported: its full blocks join the prefix cache, and a
         recomputed group's waiting samples may now share the prompt blocks."""
         self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
-        if group.forked:
+        if len(group.seqs) > 1:
             self._share_recomputed_prompt(group)
 
     def _share_recomputed_prompt(self, group: SequenceGroup) -> None:
-        """Parallel samples recomputed after a preemption share their prompt again.
+        """Parallel samples or beams recomputed after a preemption share their prompt again.
 
         The first live sample recomputes the prompt; the others wait (see _plan_writes) until its
         full prompt blocks are written, then take them by reference, as the fork did the first
@@ -421,7 +421,7 @@ class Scheduler:
         A sequence the budget cannot serve now (a prompt that chunking may not split) waits for
         a later step; its group is still preempted and recovered whole. `reused` gives blocks a
         waiting sequence would take from the prefix cache (they count as computed). A recomputed
-        parallel sample waits for the first one's prompt blocks (_share_recomputed_prompt).
+        parallel sample or beam waits for the first one's prompt blocks (_share_recomputed_prompt).
         """
         writes = []
         shared = self.block_manager.shared_prompt_blocks(group) * self.block_size
