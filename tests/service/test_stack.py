@@ -168,6 +168,24 @@ async def test_32_concurrent_streams_complete_with_continuous_batching(stack, pr
     assert max(len(b) for b in batches) <= 8  # --max-num-seqs
 
 
+async def test_a_repeated_prompt_is_served_from_the_prefix_cache(stack):
+    # 40 tokens: two full blocks of 16 that the second request finds (the default is on).
+    url, model, _ = stack
+    prompt = list(range(100, 140))
+    names = ("pagedserve_prefix_cache_hit_tokens_total", "pagedserve_prefix_cache_blocks")
+    async with aiohttp.ClientSession() as session:
+        hits_before = await metric(session, url, names[0])
+        first, _ = await _stream_completion(session, url, model, prompt, 4)
+        second, _ = await _stream_completion(session, url, model, prompt, 4)
+        assert second == first
+        for _ in range(100):
+            if await metric(session, url, names[0]) - hits_before >= 32:
+                break
+            await asyncio.sleep(0.1)
+        assert await metric(session, url, names[0]) - hits_before == 32
+        assert await metric(session, url, names[1]) >= 2
+
+
 async def test_cut_streams_free_every_block(stack, prompts):
     url, model, _ = stack
     body = {"model": model, "max_tokens": 200, "ignore_eos": True, "stream": True}
