@@ -113,7 +113,7 @@ def test_admission_counts_reused_blocks_that_others_hold_as_not_new():
     step(scheduler)
     group = submit(scheduler, "b", prompt(10) + [50, 51, 52, 53, 54, 55])  # 16 tokens: 4 blocks
     manager = scheduler.block_manager
-    reused = scheduler._cached_prefixes(group)
+    reused = scheduler.prefix_reuse.lookup(scheduler.block_manager, group)
     assert reused == {group.seqs[0].seq_id: [0, 1]}
     assert manager.admission_blocks(group) == 4
     assert manager.admission_blocks(group, reused) == 2  # a holds blocks 0 and 1

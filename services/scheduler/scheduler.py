@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from services.scheduler.beam_search import BeamSearch, Candidate
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.kv_policy import make_block_manager
+from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from shared.config import SchedulerConfig
 from shared.errors import InvalidRequestError
@@ -68,9 +69,7 @@ class Scheduler:
         self._next_arrival = 0
         self._next_step_id = 0
         self.num_preemptions = 0
-        # Prefix cache: tokens of admitted sequences looked up, and those found computed.
-        self.prefix_cache_queried_tokens = 0
-        self.prefix_cache_hit_tokens = 0
+        self.prefix_reuse = PrefixReuse(self.block_size)
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(
@@ -181,6 +180,14 @@ class Scheduler:
             self.config.enable_prefix_caching,
         )
 
+    @property
+    def prefix_cache_queried_tokens(self) -> int:
+        return self.prefix_reuse.queried_tokens
+
+    @property
+    def prefix_cache_hit_tokens(self) -> int:
+        return self.prefix_reuse.hit_tokens
+
     def has_unfinished(self) -> bool:
         return bool(self.groups)
 
@@ -264,7 +271,8 @@ class Scheduler:
     ) -> int | None:
         """Admit waiting[0] (new or recompute-preempted); its tokens, or None when it must wait."""
         group = self.waiting[0]
-        reused = self._cached_prefixes(group)  # looked up only; taken if the group is admitted
+        # Looked up only; taken if the group is admitted.
+        reused = self.prefix_reuse.lookup(self.block_manager, group)
         writes = self._plan_writes(group, budget, reused)
         if writes is None or not self._has_seats(group):
             return None
@@ -285,68 +293,11 @@ class Scheduler:
         ):
             return None
         self.waiting.popleft()
-        self._reuse_prefixes(group, reused)
+        self.prefix_reuse.take(self.block_manager, group, reused)
         self.block_manager.admit(group)
         group.set_status(SeqStatus.RUNNING)
         bisect.insort(self.running, group, key=lambda g: g.arrival)
         return self._write(group, writes, entries)
-
-    def _cached_prefixes(self, group: SequenceGroup) -> dict[int, list[int]]:
-        """seq_id -> cached blocks holding the start of that live sequence's tokens.
-
-        The executor learns penalty counts and grammar state from the tokens plans feed it, so a
-        group that uses them reuses nothing it would not be fed (prompt logprobs do not exist).
-        """
-        if group.sampling.has_penalties or group.sampling.guided is not None:
-            return {}
-        found = {}
-        for seq in group.live_seqs():
-            blocks = self.block_manager.cached_prefix(seq.seq_id, seq.token_ids)
-            if blocks:
-                found[seq.seq_id] = blocks
-        return found
-
-    def _reuse_prefixes(self, group: SequenceGroup, reused: dict[int, list[int]]) -> None:
-        """The admitted group takes its cached blocks: their tokens count as computed."""
-        if self.block_manager.prefix_cache is None:
-            return
-        for seq in group.live_seqs():
-            blocks = reused.get(seq.seq_id)
-            if blocks:
-                self.block_manager.reuse(seq.seq_id, blocks)
-                seq.num_computed_tokens = len(blocks) * self.block_size
-            self.prefix_cache_queried_tokens += seq.num_tokens
-            self.prefix_cache_hit_tokens += seq.num_computed_tokens
-
-    def _note_computed(self, group: SequenceGroup, seq: Sequence) -> None:
-        """The step that wrote seq's K/V is reported: its full blocks join the prefix cache, and a
-        recomputed group's waiting samples may now share the prompt blocks."""
-        self.block_manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
-        if len(group.seqs) > 1:
-            self._share_recomputed_prompt(group)
-
-    def _share_recomputed_prompt(self, group: SequenceGroup) -> None:
-        """Parallel samples or beams recomputed after a preemption share their prompt again.
-
-        The first live sample recomputes the prompt; the others wait (see _plan_writes) until its
-        full prompt blocks are written, then take them by reference, as the fork did the first
-        time, and compute only their own tail. This runs as soon as the step is reported, before
-        the first sample may finish and free its blocks. A sample the executor has not seen
-        (after an executor restart) whose sampling needs its history computes everything itself.
-        """
-        shared_blocks = self.block_manager.shared_prompt_blocks(group)
-        live = group.live_seqs()
-        shared = shared_blocks * self.block_size
-        if not shared or live[0].num_computed_tokens < shared:
-            return
-        for seq in live[1:]:
-            if seq.num_computed_tokens < shared and not self._needs_own_prompt(group, seq):
-                self.block_manager.share_prefix(live[0].seq_id, seq.seq_id, shared_blocks)
-                seq.num_computed_tokens = shared
-
-    def _needs_own_prompt(self, group: SequenceGroup, seq: Sequence) -> bool:
-        sampling = group.sampling
-        return not seq.announced and (sampling.has_penalties or sampling.guided is not None)
 
     def update(self, result: StepResult) -> list[GroupUpdate]:
         """Apply the executor's reply: advance counters, append tokens, fork, finish, free."""
@@ -384,7 +335,7 @@ class Scheduler:
                 self._freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
-            self._note_computed(group, seq)
+            self.prefix_reuse.note_computed(self.block_manager, group, seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a non-final prompt chunk: nothing sampled
             if group.beam is not None:
@@ -419,18 +370,11 @@ class Scheduler:
         """Tokens each live sequence computes this step, or None if none fits the budget.
 
         A sequence the budget cannot serve now (a prompt that chunking may not split) waits for
-        a later step; its group is still preempted and recovered whole. `reused` gives blocks a
-        waiting sequence would take from the prefix cache (they count as computed). A recomputed
-        parallel sample or beam waits for the first one's prompt blocks (_share_recomputed_prompt).
+        a later step; its group is still preempted and recovered whole. `reused`: blocks a
+        waiting group would take from the prefix cache; see PrefixReuse.starts.
         """
         writes = []
-        shared = self.block_manager.shared_prompt_blocks(group) * self.block_size
-        for i, seq in enumerate(group.live_seqs()):
-            computed = seq.num_computed_tokens
-            if reused:
-                computed += len(reused.get(seq.seq_id, ())) * self.block_size
-            if i > 0 and computed < shared and not self._needs_own_prompt(group, seq):
-                continue
+        for seq, computed in self.prefix_reuse.starts(self.block_manager, group, reused):
             uncomputed = seq.num_tokens - computed
             if self.config.enable_chunked_prefill:
                 n = min(uncomputed, budget)

@@ -1,0 +1,100 @@
+"""What a group need not compute: cached prefix blocks at admission, and the prompt blocks that
+recomputed parallel samples or beams share again with the first one."""
+
+from __future__ import annotations
+
+from services.scheduler.block_manager import BlockManager
+from services.scheduler.sequence import Sequence, SequenceGroup
+
+# seq_id -> cached device blocks a waiting sequence would take, its computed prefix in order.
+Reused = dict[int, list[int]]
+
+
+def needs_history(group: SequenceGroup) -> bool:
+    """The executor learns penalty counts and grammar state from the tokens plans feed it, so a
+    sequence that uses them must be fed every token it has not seen (prompt logprobs do not
+    exist, so nothing else depends on it)."""
+    return group.sampling.has_penalties or group.sampling.guided is not None
+
+
+class PrefixReuse:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.queried_tokens = 0  # tokens of admitted sequences looked up in the prefix cache
+        self.hit_tokens = 0  # ... and found there, K/V written
+
+    # ---- admission: the prefix cache -------------------------------------------------------------
+    def lookup(self, manager: BlockManager, group: SequenceGroup) -> Reused:
+        """Cached blocks holding the start of each live sequence's tokens; changes nothing."""
+        if manager.prefix_cache is None or needs_history(group):
+            return {}
+        found = {}
+        for seq in group.live_seqs():
+            blocks = manager.cached_prefix(seq.seq_id, seq.token_ids)
+            if blocks:
+                found[seq.seq_id] = blocks
+        return found
+
+    def take(self, manager: BlockManager, group: SequenceGroup, reused: Reused) -> None:
+        """The group is admitted: it takes its cached blocks, whose tokens count as computed."""
+        if manager.prefix_cache is None:
+            return
+        for seq in group.live_seqs():
+            blocks = reused.get(seq.seq_id)
+            if blocks:
+                manager.reuse(seq.seq_id, blocks)
+                seq.num_computed_tokens = len(blocks) * self.block_size
+            self.queried_tokens += seq.num_tokens
+            self.hit_tokens += seq.num_computed_tokens
+
+    # ---- planning: who computes from where -------------------------------------------------------
+    def starts(
+        self, manager: BlockManager, group: SequenceGroup, reused: Reused | None = None
+    ) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens it has computed) for each live sequence that may compute now.
+
+        `reused` counts as computed (a waiting group's lookup). A recomputed sample or beam
+        after the first waits while the first recomputes the shared prompt blocks (see
+        share_recomputed_prompt), unless it must be fed its whole history anyway.
+        """
+        shared = manager.shared_prompt_blocks(group) * self.block_size
+        out = []
+        for i, seq in enumerate(group.live_seqs()):
+            computed = seq.num_computed_tokens
+            if reused:
+                computed += len(reused.get(seq.seq_id, ())) * self.block_size
+            if i > 0 and computed < shared and not self._needs_own_prompt(group, seq):
+                continue
+            out.append((seq, computed))
+        return out
+
+    # ---- after a step --------------------------------------------------------------------------
+    def note_computed(self, manager: BlockManager, group: SequenceGroup, seq: Sequence) -> None:
+        """The step that wrote seq's K/V is reported: its full blocks join the prefix cache, and a
+        recomputed group's waiting sequences may now share the prompt blocks."""
+        manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        if len(group.seqs) > 1:
+            self.share_recomputed_prompt(manager, group)
+
+    def share_recomputed_prompt(self, manager: BlockManager, group: SequenceGroup) -> None:
+        """Parallel samples or beams recomputed after a preemption share their prompt again.
+
+        The first live sequence recomputes the prompt; the others wait (starts()) until its full
+        prompt blocks are written, then take them by reference, as the fork did the first time,
+        and compute only their own tail. This runs as soon as the step is reported, before the
+        first one may finish and free its blocks.
+        """
+        shared_blocks = manager.shared_prompt_blocks(group)
+        live = group.live_seqs()
+        shared = shared_blocks * self.block_size
+        if not shared or live[0].num_computed_tokens < shared:
+            return
+        for seq in live[1:]:
+            if seq.num_computed_tokens < shared and not self._needs_own_prompt(group, seq):
+                manager.share_prefix(live[0].seq_id, seq.seq_id, shared_blocks)
+                seq.num_computed_tokens = shared
+
+    def _needs_own_prompt(self, group: SequenceGroup, seq: Sequence) -> bool:
+        # A sequence the executor has not seen (after an executor restart) learns its history
+        # only from fed tokens; one it has seen was forked after its prompt was fed.
+        return not seq.announced and needs_history(group)
