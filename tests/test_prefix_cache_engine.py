@@ -162,3 +162,37 @@ def test_a_recomputed_parallel_group_prefills_its_prompt_once_with_the_same_outp
         assert computed <= 2 * 16
     else:
         assert computed == 2 * 16  # once at the start, once (not three times) after preemption
+
+
+def _run_with_replacement(engine: LLMEngine, prompt, sampling, replace_at: int | None):
+    from services.executor.executor import Executor
+
+    engine.add_request(prompt, sampling)
+    outputs = None
+    for num_steps in range(200):
+        if not engine.has_unfinished():
+            break
+        if num_steps == replace_at:
+            engine.executor = Executor(engine.config, engine.model_dir)
+            engine.scheduler.requeue_all(engine.executor.ready())
+            engine.loop.scheduler = engine.scheduler
+        for update in engine.step():
+            if update.finished:
+                outputs = [o.token_ids for o in RequestOutput.from_group(update.group).outputs]
+        engine.scheduler.block_manager.check()
+    return outputs
+
+
+@pytest.mark.parametrize("caching", [False, True], ids=["no-cache", "cache"])
+def test_after_an_executor_restart_penalised_samples_are_fed_their_whole_prompt(
+    tiny_model_dir, caching
+):
+    # The new executor learns the repetition penalty's prompt tokens only from fed tokens, so
+    # these samples neither share the first one's prompt blocks nor reuse cached ones.
+    config = engine_config(tiny_model_dir, block_size=4, enable_prefix_caching=caching)
+    [prompt] = random_prompts([18], VOCAB, seed=4)
+    sampling = SamplingParams(
+        n=2, max_tokens=12, temperature=1.0, seed=3, repetition_penalty=1.5, ignore_eos=True
+    )
+    expected = _run_with_replacement(LLMEngine(config), prompt, sampling, None)
+    assert _run_with_replacement(LLMEngine(config), prompt, sampling, 4) == expected

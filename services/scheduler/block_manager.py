@@ -18,6 +18,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def needs_history(group: SequenceGroup) -> bool:
+    """Whether the executor must be fed every token of the group's sequences: it learns penalty
+    counts and grammar state from the tokens plans feed it, and a block reused instead of
+    computed is never fed. (Prompt logprobs, the other thing that would, do not exist.)"""
+    return group.sampling.has_penalties or group.sampling.guided is not None
+
+
 class BlockManager:
     """Maps each sequence's logical blocks to physical ones. Only this class decides block ids."""
 
@@ -93,8 +100,9 @@ class BlockManager:
 
     def shared_prompt_blocks(self, group: SequenceGroup) -> int:
         """Full prompt blocks that a group's live sequences (parallel samples, beams) hold in
-        common; 0 for a single sequence."""
-        if len(group.seqs) < 2 or len(group.live_seqs()) < 2:
+        common, also after a recompute; 0 for a single sequence, and for sequences that must be
+        fed their whole prompt (needs_history: a new executor may have to learn it)."""
+        if len(group.seqs) < 2 or needs_history(group) or len(group.live_seqs()) < 2:
             return 0
         return group.seqs[0].prompt_len // self.block_size
 

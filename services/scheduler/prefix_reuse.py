@@ -3,18 +3,11 @@ recomputed parallel samples or beams share again with the first one."""
 
 from __future__ import annotations
 
-from services.scheduler.block_manager import BlockManager
+from services.scheduler.block_manager import BlockManager, needs_history
 from services.scheduler.sequence import Sequence, SequenceGroup
 
 # seq_id -> cached device blocks a waiting sequence would take, its computed prefix in order.
 Reused = dict[int, list[int]]
-
-
-def needs_history(group: SequenceGroup) -> bool:
-    """The executor learns penalty counts and grammar state from the tokens plans feed it, so a
-    sequence that uses them must be fed every token it has not seen (prompt logprobs do not
-    exist, so nothing else depends on it)."""
-    return group.sampling.has_penalties or group.sampling.guided is not None
 
 
 class PrefixReuse:
@@ -55,7 +48,7 @@ class PrefixReuse:
 
         `reused` counts as computed (a waiting group's lookup). A recomputed sample or beam
         after the first waits while the first recomputes the shared prompt blocks (see
-        share_recomputed_prompt), unless it must be fed its whole history anyway.
+        share_recomputed_prompt); so it is never in flight when they are handed over.
         """
         shared = manager.shared_prompt_blocks(group) * self.block_size
         out = []
@@ -63,7 +56,7 @@ class PrefixReuse:
             computed = seq.num_computed_tokens
             if reused:
                 computed += len(reused.get(seq.seq_id, ())) * self.block_size
-            if i > 0 and computed < shared and not self._needs_own_prompt(group, seq):
+            if i > 0 and computed < shared:
                 continue
             out.append((seq, computed))
         return out
@@ -90,11 +83,6 @@ class PrefixReuse:
         if not shared or live[0].num_computed_tokens < shared:
             return
         for seq in live[1:]:
-            if seq.num_computed_tokens < shared and not self._needs_own_prompt(group, seq):
+            if seq.num_computed_tokens < shared:
                 manager.share_prefix(live[0].seq_id, seq.seq_id, shared_blocks)
                 seq.num_computed_tokens = shared
-
-    def _needs_own_prompt(self, group: SequenceGroup, seq: Sequence) -> bool:
-        # A sequence the executor has not seen (after an executor restart) learns its history
-        # only from fed tokens; one it has seen was forked after its prompt was fed.
-        return not seq.announced and needs_history(group)
