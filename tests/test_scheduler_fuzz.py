@@ -4,6 +4,7 @@ hands out only blocks that hold the tokens asked for and keeps exact counts unde
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -24,24 +25,23 @@ def _simulate(seed: int, shared_prefixes: bool = False) -> Scheduler:
     block_size = rng.choice([1, 2, 4, 8])
     num_device_blocks = rng.randint(3, 24)
     chunked = rng.random() < 0.7
-    scheduler = Scheduler(
-        SchedulerConfig(
-            max_num_seqs=rng.randint(1, 8),
-            max_num_batched_tokens=rng.randint(1, 24) if chunked else rng.randint(1, 64),
-            enable_chunked_prefill=chunked,
-            preemption_mode=rng.choice(["swap", "recompute"]),
-            watermark=rng.choice([0.0, 0.01, 0.1]),
-            enable_prefix_caching=not shared_prefixes or rng.random() < 0.8,
-        ),
-        ExecutorReady(
-            num_device_blocks=num_device_blocks,
-            num_cpu_blocks=rng.randint(0, min(4, num_device_blocks)),
-            block_size=block_size,
-            max_model_len=rng.choice([16, 32, 64]),
-            vocab_size=50,
-            eos_token_ids=(EOS,),
-        ),
+    config = SchedulerConfig(
+        max_num_seqs=rng.randint(1, 8),
+        max_num_batched_tokens=rng.randint(1, 24) if chunked else rng.randint(1, 64),
+        enable_chunked_prefill=chunked,
+        preemption_mode=rng.choice(["swap", "recompute"]),
+        watermark=rng.choice([0.0, 0.01, 0.1]),
+        enable_prefix_caching=not shared_prefixes or rng.random() < 0.8,
     )
+    ready = ExecutorReady(
+        num_device_blocks=num_device_blocks,
+        num_cpu_blocks=rng.randint(0, min(4, num_device_blocks)),
+        block_size=block_size,
+        max_model_len=rng.choice([16, 32, 64]),
+        vocab_size=50,
+        eos_token_ids=(EOS,),
+    )
+    scheduler = Scheduler(config, ready)
     loop = StepLoop(scheduler)
     pending = [
         (f"r{i}", [rng.randrange(3, 50) for _ in range(rng.randint(1, 24))])
@@ -55,13 +55,16 @@ def _simulate(seed: int, shared_prefixes: bool = False) -> Scheduler:
         for i in range(rng.randint(2, 12)):
             suffix = [rng.randrange(3, 7) for _ in range(rng.randint(0, 8))]
             pending.append((f"r{i}", rng.choice(prefixes) + suffix))
-        evicted = _count_evictions(scheduler)
+        evicted = _count_evictions(scheduler, [])
     for _ in range(2000):
         if pending and rng.random() < 0.3:
             request_id, prompt = pending.pop(0)
             sampling = SamplingParams(
                 n=rng.choice([1, 2, 3]), max_tokens=rng.randint(1, 40), seed=rng.randint(0, 9)
             )
+            if shared_prefixes and rng.random() < 0.2:
+                # Penalties: the executor must be fed every token, so nothing is reused.
+                sampling = dataclasses.replace(sampling, repetition_penalty=1.3)
             try:
                 scheduler.add_request(request_id, prompt, sampling)
             except InvalidRequestError:
@@ -72,6 +75,11 @@ def _simulate(seed: int, shared_prefixes: bool = False) -> Scheduler:
         plan = loop.plan()
         scheduler.block_manager.check()
         _check_order_and_victims(scheduler, running_before, seed)
+        if shared_prefixes and rng.random() < 0.01:
+            # The executor died with this plan in flight: everything is recomputed.
+            scheduler.requeue_all(ready)
+            _count_evictions(scheduler, evicted)
+            continue
         tokens = []
         for seq in plan.seqs:
             if seq.sample:
@@ -87,9 +95,9 @@ def _simulate(seed: int, shared_prefixes: bool = False) -> Scheduler:
     raise AssertionError(f"seed {seed}: requests still unfinished after 2000 steps")
 
 
-def _count_evictions(scheduler: Scheduler) -> list[int]:
+def _count_evictions(scheduler: Scheduler, evicted: list[int]) -> list[int]:
+    """Record the blocks the prefix cache evicts into `evicted`."""
     cache = scheduler.block_manager.prefix_cache
-    evicted: list[int] = []
     if cache is not None:
         remove = cache.remove
         cache.remove = lambda block_id: (evicted.append(block_id), remove(block_id))[1]
@@ -101,10 +109,11 @@ def _check_cached_content(scheduler: Scheduler, seed: int) -> None:
     that sequence's tokens there: a hit never hands out other K/V."""
     manager = scheduler.block_manager
     cache, bs = manager.prefix_cache, manager.block_size
-    if cache is None:
-        return
     for group in scheduler.running:
         for seq in group.live_seqs():
+            assert seq.num_computed_tokens <= seq.num_tokens, f"seed {seed}: overshot"
+            if cache is None:
+                continue
             table = manager.tables.get(seq.seq_id, [])
             for i in range(min(len(table), seq.num_computed_tokens // bs)):
                 entry = cache._entry_of.get(table[i])

@@ -46,30 +46,37 @@ class PrefixReuse:
     ) -> list[tuple[Sequence, int]]:
         """(sequence, tokens it has computed) for each live sequence that may compute now.
 
-        `reused` counts as computed (a waiting group's lookup). A recomputed sample or beam
-        after the first waits while the first recomputes the shared prompt blocks (see
-        share_recomputed_prompt); so it is never in flight when they are handed over.
+        `reused` counts as computed (a waiting group's lookup). While the first live sequence
+        has not computed the shared prompt blocks, the others that lack them wait (see
+        share_recomputed_prompt); so none is in flight when they are handed over.
         """
         shared = manager.shared_prompt_blocks(group) * self.block_size
         out = []
-        for i, seq in enumerate(group.live_seqs()):
+        for seq in group.live_seqs():
             computed = seq.num_computed_tokens
             if reused:
                 computed += len(reused.get(seq.seq_id, ())) * self.block_size
-            if i > 0 and computed < shared:
+            if out and computed < shared and out[0][1] < shared:
                 continue
             out.append((seq, computed))
         return out
 
     # ---- after a step --------------------------------------------------------------------------
-    def note_computed(self, manager: BlockManager, group: SequenceGroup, seq: Sequence) -> None:
-        """The step that wrote seq's K/V is reported: its full blocks join the prefix cache, and a
-        recomputed group's waiting sequences may now share the prompt blocks."""
+    def note_computed(
+        self, manager: BlockManager, group: SequenceGroup, seq: Sequence, num_new: int
+    ) -> None:
+        """The step that wrote num_new of seq's tokens is reported: its full blocks join the
+        prefix cache, and if it was a group's first sequence reaching the end of the shared
+        prompt blocks, the others that waited for them take them now."""
         manager.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         if len(group.seqs) > 1:
-            self.share_recomputed_prompt(manager, group)
+            shared = manager.shared_prompt_blocks(group) * self.block_size
+            if seq.num_computed_tokens - num_new < shared <= seq.num_computed_tokens:
+                self.share_recomputed_prompt(manager, group, seq)
 
-    def share_recomputed_prompt(self, manager: BlockManager, group: SequenceGroup) -> None:
+    def share_recomputed_prompt(
+        self, manager: BlockManager, group: SequenceGroup, first: Sequence
+    ) -> None:
         """Parallel samples or beams recomputed after a preemption share their prompt again.
 
         The first live sequence recomputes the prompt; the others wait (starts()) until its full
@@ -77,12 +84,12 @@ class PrefixReuse:
         and compute only their own tail. This runs as soon as the step is reported, before the
         first one may finish and free its blocks.
         """
-        shared_blocks = manager.shared_prompt_blocks(group)
         live = group.live_seqs()
-        shared = shared_blocks * self.block_size
-        if not shared or live[0].num_computed_tokens < shared:
+        if first is not live[0]:
             return
+        shared_blocks = manager.shared_prompt_blocks(group)
+        shared = shared_blocks * self.block_size
         for seq in live[1:]:
             if seq.num_computed_tokens < shared:
-                manager.share_prefix(live[0].seq_id, seq.seq_id, shared_blocks)
+                manager.share_prefix(first.seq_id, seq.seq_id, shared_blocks)
                 seq.num_computed_tokens = shared

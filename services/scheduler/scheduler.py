@@ -335,7 +335,7 @@ class Scheduler:
                 self._freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
-            self.prefix_reuse.note_computed(self.block_manager, group, seq)
+            self.prefix_reuse.note_computed(self.block_manager, group, seq, entry.num_new_tokens)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a non-final prompt chunk: nothing sampled
             if group.beam is not None:
