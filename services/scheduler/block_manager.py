@@ -91,7 +91,7 @@ class BlockManager:
     ) -> int:
         """Device blocks a waiting group takes from the free blocks to be admitted: its whole
         (re)computation, less the cached blocks it reuses (`reused`: seq_id -> block ids) that
-        others hold. Recomputed parallel samples share the first one's full prompt blocks."""
+        others hold. Recomputed samples or beams share the first one's full prompt blocks."""
         live = group.live_seqs()
         shared = self.shared_prompt_blocks(group)
         blocks = sum(cdiv(s.num_tokens, self.block_size) - shared for s in live) + shared
