@@ -103,7 +103,7 @@ def _assert_matches(tiny_model_dir, outputs, width, ending, length_penalty, earl
 
 
 @pytest.mark.parametrize("width", [2, 4, 6])
-@pytest.mark.parametrize("preemption", [None, "swap"])
+@pytest.mark.parametrize("preemption", [None, "swap", "recompute"])
 def test_beams_match_transformers(tiny_model_dir, ending_token, width, preemption):
     if preemption is None:
         config = engine_config(tiny_model_dir, block_size=4, num_device_blocks=512)
