@@ -33,15 +33,26 @@ def add_memory_saving_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--saving-requests",
-        default="alpaca=32,sharegpt=8",
+        default="alpaca=12,sharegpt=4",
         help="requests per trace, as name=count pairs",
     )
 
 
-def measure(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]]) -> dict:
-    """Serve every request at once; the time-averaged saving and the run's counters."""
+def measure(
+    engine: LLMEngine,
+    requests: list[tuple[list[int], SamplingParams]],
+    progress: str | None = None,
+) -> dict:
+    """Serve every request at once; the time-averaged saving and the run's counters.
+    `progress`: a label for a progress bar over the run's generated tokens, None for none."""
     for prompt, sampling in requests:
         engine.add_request(prompt, sampling)
+    bar = None
+    if progress is not None:
+        from tqdm import tqdm
+
+        total = max((s.max_tokens for _, s in requests), default=0)
+        bar = tqdm(total=total, desc=progress, unit="step", leave=False)
     manager = engine.scheduler.block_manager
     used_s = listed_s = duration = 0.0
     per_step: list[float] = []
@@ -60,6 +71,11 @@ def measure(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]])
             duration += dt
             per_step.append(1 - used / listed)
         num_steps += 1
+        if bar is not None:
+            bar.n = min(bar.total, num_steps)
+            bar.refresh()
+    if bar is not None:
+        bar.close()
     return {
         "saving": 1 - used_s / listed_s if listed_s else 0.0,
         "saving_step_mean": sum(per_step) / len(per_step) if per_step else 0.0,
@@ -101,7 +117,8 @@ def run_memory_saving(args: argparse.Namespace, make_engine) -> dict:
                     (list(r.prompt_token_ids), _sampling(mode, width, r.output_len, args.seed + i))
                     for i, r in enumerate(trace)
                 ]
-                run = measure(engine, requests)
+                label = f"{trace_name} {mode} {width}"
+                run = measure(engine, requests, label if args.progress else None)
                 paper = PAPER_SAVING.get((trace_name, mode))
                 run.update(
                     trace=trace_name,
@@ -123,8 +140,6 @@ def run_memory_saving(args: argparse.Namespace, make_engine) -> dict:
 
 
 def without_prefix_caching(config):
-    """The engine config with prefix caching off, where the config has the switch."""
-    scheduler = config.scheduler
-    if hasattr(scheduler, "enable_prefix_caching"):
-        scheduler = dataclasses.replace(scheduler, enable_prefix_caching=False)
+    """The engine config with prefix caching off: only sharing inside a request counts."""
+    scheduler = dataclasses.replace(config.scheduler, enable_prefix_caching=False)
     return dataclasses.replace(config, scheduler=scheduler)
