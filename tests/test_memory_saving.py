@@ -43,3 +43,20 @@ def test_a_single_sequence_saves_nothing_and_beams_save_more_than_samples(tiny_m
     )
     # Samples share the prompt's 2 full blocks only; beams also share common output prefixes.
     assert 0 < samples["saving"] < beams["saving"] < 1
+
+
+def test_text_prompts_are_windows_of_the_instructions_at_the_asked_length(tiny_model_dir):
+    import random
+
+    from transformers import AutoTokenizer
+
+    from services.bench.text_prompts import INSTRUCTIONS, text_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    corpus = " ".join(INSTRUCTIONS)
+    for length in (4, 19, 161):
+        ids = text_prompt(tokenizer, length, random.Random(length))
+        assert len(ids) == length
+        words = tokenizer.decode(ids).split()
+        # Every whole word inside the window is one of the text's (the ends may be cut).
+        assert all(w in corpus for w in words[1:-1])

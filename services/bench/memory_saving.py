@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import random
 import time
 
+from services.bench.text_prompts import text_prompt
 from services.bench.traces import synthetic_trace, trace_stats
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
@@ -32,6 +34,12 @@ def add_memory_saving_args(parser: argparse.ArgumentParser) -> None:
         "--saving-traces", default="alpaca,sharegpt", help="synthetic traces to run (comma list)"
     )
     group.add_argument(
+        "--saving-prompts",
+        choices=["text", "random"],
+        default="text",
+        help="prompt contents at the trace's lengths: windows of English text, or random ids",
+    )
+    group.add_argument(
         "--saving-requests",
         default="alpaca=12,sharegpt=4",
         help="requests per trace, as name=count pairs",
@@ -45,6 +53,7 @@ def measure(
 ) -> dict:
     """Serve every request at once; the time-averaged saving and the run's counters.
     `progress`: a label for a progress bar over the run's generated tokens, None for none."""
+    preemptions_before = engine.scheduler.num_preemptions
     for prompt, sampling in requests:
         engine.add_request(prompt, sampling)
     bar = None
@@ -81,7 +90,7 @@ def measure(
         "saving_step_mean": sum(per_step) / len(per_step) if per_step else 0.0,
         "num_steps": num_steps,
         "duration_s": duration,
-        "num_preemptions": engine.scheduler.num_preemptions,
+        "num_preemptions": engine.scheduler.num_preemptions - preemptions_before,
     }
 
 
@@ -97,25 +106,36 @@ def _sampling(mode: str, width: int, output_len: int, seed: int) -> SamplingPara
 
 
 def run_memory_saving(args: argparse.Namespace, make_engine) -> dict:
-    """make_engine(): a fresh in-process engine (prefix caching off) for each run."""
+    """make_engine(): an in-process engine (prefix caching off), made once and reused by every
+    run (each run ends with the pool empty; one engine keeps one KV pool in memory)."""
     widths = [int(w) for w in args.widths.split(",")]
     counts = dict(pair.split("=") for pair in args.saving_requests.split(","))
-    results: dict = {"definition": __doc__.strip().splitlines()[2], "runs": []}
+    results: dict = {
+        "definition": __doc__.strip().splitlines()[2],
+        "prompts": args.saving_prompts,
+        "runs": [],
+    }
     traces = args.saving_traces.split(",")
     total = len(traces) * 2 * len(widths)
+    engine = make_engine()
     done = 0
     for trace_name in traces:
-        vocab = None
+        trace = synthetic_trace(
+            trace_name,
+            int(counts[trace_name]),
+            float("inf"),
+            args.seed,
+            engine.scheduler.vocab_size,
+        )
+        prompts = [list(r.prompt_token_ids) for r in trace]
+        if args.saving_prompts == "text":
+            rng = random.Random(args.seed)
+            prompts = [text_prompt(engine.tokenizer, len(p), rng) for p in prompts]
         for mode in ("parallel", "beam"):
             for width in widths:
-                engine = make_engine()
-                vocab = vocab or engine.scheduler.vocab_size
-                trace = synthetic_trace(
-                    trace_name, int(counts[trace_name]), float("inf"), args.seed, vocab
-                )
                 requests = [
-                    (list(r.prompt_token_ids), _sampling(mode, width, r.output_len, args.seed + i))
-                    for i, r in enumerate(trace)
+                    (prompt, _sampling(mode, width, r.output_len, args.seed + i))
+                    for i, (prompt, r) in enumerate(zip(prompts, trace))
                 ]
                 label = f"{trace_name} {mode} {width}"
                 run = measure(engine, requests, label if args.progress else None)
@@ -135,7 +155,6 @@ def run_memory_saving(args: argparse.Namespace, make_engine) -> dict:
                     f"{run['duration_s']:.0f} s)",
                     flush=True,
                 )
-                del engine
     return results
 
 
