@@ -3,8 +3,9 @@
 The workload of issue #13: N requests of random prompt token ids, all sent at once, streamed
 /v1/completions with max_tokens and ignore_eos (services/bench/http_load.py, one aiohttp
 client for every server). Output tokens come from the usage each server reports, or, when it
-reports none, from tokenizing the streamed text. Each server gets warm-up runs, then measured
-runs; servers run one after the other, never side by side. Prints a table and writes JSON.
+reports none, from tokenizing the streamed text. All servers start first and wait idle; then
+each gets its warm-up runs and its measured runs in turns (one server under load at a time).
+Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/cpu_serving.py                       # pagedserve defaults
     .venv/bin/python benchmarks/cpu_serving.py --pagedserve fp32="--quantization none" \\
@@ -22,6 +23,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -85,8 +87,10 @@ def llama_server_argv(binary: str, gguf: str, port: int, threads: int, args) -> 
     ]  # fmt: skip
 
 
-def make_trace(args) -> list[TraceRequest]:
-    rng = random.Random(args.seed)
+def make_trace(args, run: int) -> list[TraceRequest]:
+    # New prompts every run: a server that caches prompts (llama-server keeps each slot's last
+    # prompt) must not answer a repeated run from its cache.
+    rng = random.Random(args.seed * 1000 + run)
     # Ids from the ordinary part of the vocabulary: no special tokens in a random prompt.
     return [
         TraceRequest(0.0, tuple(rng.randrange(1000, 40000) for _ in range(args.input_len)), n)
@@ -94,39 +98,41 @@ def make_trace(args) -> list[TraceRequest]:
     ]
 
 
-def run_server(label: str, argv: list[str], url: str, trace, tokenizer, args) -> dict:
-    print(f"== {label}: {shlex.join(argv)}", flush=True)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    log = open(Path(args.output).with_suffix(f".{label.replace(' ', '_')}.log"), "w")  # noqa: SIM115
-    proc = subprocess.Popen(argv, start_new_session=True, env=env, stdout=log, stderr=log)
-    runs = []
-    try:
-        wait_healthy(proc, url)
-        for i in range(args.warmup + args.runs):
-            records, duration = asyncio.run(run_load(url, trace))
-            counted_by = "usage"
-            for record in records:
-                if record.output_len == 0 and record.text:
-                    record.output_len = len(tokenizer.encode(record.text, add_special_tokens=False))
-                    counted_by = "tokenized text"
-            summary = summarize(records, duration)
-            summary["output_tokens"] = sum(r.output_len for r in records)
-            summary["counted_by"] = counted_by
-            summary["load_avg_1m"] = os.getloadavg()[0]
-            kind = "warm-up" if i < args.warmup else "run"
-            print(
-                f"  {kind:7} {summary['output_throughput']:7.1f} out tok/s  "
-                f"TTFT {summary['mean_ttft_s']:6.2f} s  TPOT {summary['mean_tpot_s'] * 1e3:6.1f} ms"
-                f"  ({summary['num_finished']}/{len(trace)} done, {counted_by}, "
-                f"load {summary['load_avg_1m']:.1f})",
-                flush=True,
-            )
-            if i >= args.warmup:
-                runs.append(summary)
-    finally:
-        stop(proc)
-        log.close()
-    return {"command": shlex.join(argv), "runs": runs}
+class Server:
+    """One server process, started idle; measured in turns with the others."""
+
+    def __init__(self, label: str, argv: list[str], url: str, log_path: Path) -> None:
+        print(f"== {label}: {shlex.join(argv)}", flush=True)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        self.label, self.argv, self.url, self.runs = label, argv, url, []
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, start_new_session=True, env=env, stdout=self.log, stderr=self.log
+        )
+
+    def measure(self, trace, tokenizer, kind: str) -> dict:
+        records, duration = asyncio.run(run_load(self.url, trace))
+        counted_by = "usage"
+        for record in records:
+            if record.output_len == 0 and record.text:
+                record.output_len = len(tokenizer.encode(record.text, add_special_tokens=False))
+                counted_by = "tokenized text"
+        summary = summarize(records, duration)
+        summary["output_tokens"] = sum(r.output_len for r in records)
+        summary["counted_by"] = counted_by
+        summary["load_avg_1m"] = os.getloadavg()[0]
+        print(
+            f"  {self.label:22} {kind:7} {summary['output_throughput']:7.1f} out tok/s  "
+            f"TTFT {summary['mean_ttft_s']:6.2f} s  TPOT {summary['mean_tpot_s'] * 1e3:6.1f} ms"
+            f"  ({summary['num_finished']}/{len(trace)} done, {counted_by}, "
+            f"load {summary['load_avg_1m']:.1f})",
+            flush=True,
+        )
+        return summary
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self.log.close()
 
 
 def main() -> None:
@@ -138,6 +144,7 @@ def main() -> None:
         metavar="LABEL=ARGS",
         help="a pagedserve configuration to run (repeatable); default: defaults=''",
     )
+    parser.add_argument("--no-pagedserve", action="store_true", help="run llama-server only")
     parser.add_argument("--llama-server", default=None, help="path of a llama-server binary")
     parser.add_argument("--gguf", default=None, help="GGUF for llama-server (default: embedded)")
     parser.add_argument("--llama-server-args", default="", help="extra llama-server flags")
@@ -154,24 +161,42 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(None), local_files_only=True)
-    trace = make_trace(args)
     configs = [c.split("=", 1) for c in (args.pagedserve or ["defaults="])]
-    servers = {}
-    for label, extra in configs:
-        port = free_port()
-        argv = pagedserve_argv(port, args.threads, extra)
-        url = f"http://127.0.0.1:{port}"
-        servers[f"pagedserve {label}"] = run_server(label, argv, url, trace, tokenizer, args)
-    if args.llama_server:
-        port = free_port()
-        gguf = args.gguf or str(embedded_gguf_path())
-        argv = llama_server_argv(args.llama_server, gguf, port, args.threads, args)
-        url = f"http://127.0.0.1:{port}"
-        servers["llama.cpp"] = run_server("llama.cpp", argv, url, trace, tokenizer, args)
+    if args.no_pagedserve:
+        configs = []
+    servers: list[Server] = []
+    # Server logs go to the temporary directory, not beside the committed JSON.
+    log_prefix = Path(tempfile.gettempdir()) / Path(args.output).stem
+    try:
+        for label, extra in configs:
+            port = free_port()
+            argv = pagedserve_argv(port, args.threads, extra)
+            log = Path(f"{log_prefix}.{label}.log")
+            servers.append(Server(f"pagedserve {label}", argv, f"http://127.0.0.1:{port}", log))
+        if args.llama_server:
+            port = free_port()
+            gguf = args.gguf or str(embedded_gguf_path())
+            argv = llama_server_argv(args.llama_server, gguf, port, args.threads, args)
+            log = Path(f"{log_prefix}.llama.cpp.log")
+            servers.append(Server("llama.cpp", argv, f"http://127.0.0.1:{port}", log))
+        for server in servers:
+            wait_healthy(server.proc, server.url)
+        # Idle servers take no CPU: each is measured in turn, run by run, so that a change in
+        # the machine's load falls on every server alike rather than on one.
+        for i in range(args.warmup + args.runs):
+            trace = make_trace(args, i)  # the same prompts for every server in this round
+            for server in servers:
+                kind = "warm-up" if i < args.warmup else "run"
+                summary = server.measure(trace, tokenizer, kind)
+                if i >= args.warmup:
+                    server.runs.append(summary)
+    finally:
+        for server in servers:
+            server.stop()
 
     print(f"\n{'server':28} {'out tok/s (runs)':>24} {'mean TTFT s':>12} {'mean TPOT ms':>13}")
-    for name, result in servers.items():
-        runs = result["runs"]
+    for server in servers:
+        name, runs = server.label, server.runs
         tput = ", ".join(f"{r['output_throughput']:.0f}" for r in runs)
         ttft = sum(r["mean_ttft_s"] for r in runs) / len(runs)
         tpot = sum(r["mean_tpot_s"] for r in runs) / len(runs) * 1e3
@@ -187,7 +212,7 @@ def main() -> None:
         },
         "argv": sys.argv,
         "cpu": os.cpu_count(),
-        "servers": servers,
+        "servers": {s.label: {"command": shlex.join(s.argv), "runs": s.runs} for s in servers},
     }
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,11 +43,11 @@ class Int8Linear(nn.Module):
         # per-tensor scale, as fbgemm's dynamic linear uses, would let one outlier token coarsen
         # every other row's quantization).
         x = x.float()
-        x_scales = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True)  # [rows, 1]
-        x_scales = x_scales.clamp_(min=1e-12).div_(127)
+        # abs().amax() rather than an inf-norm: 5x faster on this CPU (its reduction kernel).
+        x_scales = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # [rows, 1]
         xq = (x / x_scales).round_().to(torch.int8)
         acc = torch._int_mm(xq, self.qweight_t)  # [rows, out] int32, exact sums
-        out = torch.mul(acc, x_scales).mul_(self.scales)  # int32 * fp32 -> fp32 in one pass
+        out = acc.float().mul_(x_scales).mul_(self.scales)
         return out if self.bias is None else out.add_(self.bias)
 
 
