@@ -29,7 +29,8 @@ from shared.sampling import SamplingParams  # noqa: E402
 # Self-CPU time of these ops is grouped under one name each.
 GROUPS = {
     "gemm": ("aten::mm", "aten::addmm", "aten::_int_mm", "aten::_weight_int4pack_mm_for_cpu"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm",
+                  "aten::baddbmm"),
     "gathers": ("aten::index", "aten::index_select", "aten::embedding", "aten::gather",
                 "aten::index_put_", "aten::_index_put_impl_"),
 }  # fmt: skip
