@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 PreemptionMode = Literal["swap", "recompute"]
+BudgetOrder = Literal["decode-first", "arrival"]
 DTypeName = Literal["float32", "float16", "bfloat16", "float64"]
 
 GiB = 1 << 30
@@ -28,6 +29,10 @@ class ModelConfig:
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     device: str = "auto"  # auto: cuda when available, else cpu
     attention_backend: str = "auto"  # auto: triton on cuda, the torch reference elsewhere
+    # Weights of linear layers, embedding and LM head: none (fp32, the reference), int8, int4
+    # (CPU kernels); auto picks the measured default for the embedded model on a CPU and none
+    # otherwise (services/executor/quantize_model.py).
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -35,6 +40,10 @@ class ModelConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+            )
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            raise ValueError(
+                f"quantization must be auto, none, int8 or int4, got {self.quantization!r}"
             )
         if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
             raise ValueError(
@@ -76,9 +85,17 @@ class SchedulerConfig:
     kv_policy: str = "paged"
     # Reuse the K/V of full prompt blocks that earlier requests computed (paged policy only).
     enable_prefix_caching: bool = True
+    # Who gets the step's token budget first: "decode-first" gives every decoding sequence its
+    # token, then prompt chunks in arrival order (vLLM v1), so long prefills do not stall
+    # running streams; "arrival" serves running groups strictly in arrival order (the paper's).
+    budget_order: BudgetOrder = "decode-first"
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
+        if self.budget_order not in ("decode-first", "arrival"):
+            raise ValueError(
+                f"budget_order must be decode-first or arrival, got {self.budget_order!r}"
+            )
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.preemption_mode not in ("swap", "recompute"):
             raise ValueError(

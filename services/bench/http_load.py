@@ -45,8 +45,11 @@ async def _one(
                 record.finish_reason = "error"
                 break
             for choice in chunk.get("choices", []):
-                if record.first_token_s is None:
+                text = choice.get("text") or ""
+                # A chunk without text (a server's opening or role chunk) is not a token yet.
+                if record.first_token_s is None and (text or choice.get("finish_reason")):
                     record.first_token_s = time.perf_counter() - start
+                record.text += text
                 if choice.get("finish_reason"):
                     record.finish_reason = choice["finish_reason"]
             if chunk.get("usage"):

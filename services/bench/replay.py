@@ -21,6 +21,7 @@ class RequestRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     finish_reason: str | None = None
+    text: str = ""  # streamed text, for counting tokens when a server reports no usage
 
 
 @dataclass

@@ -38,6 +38,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "torch", "triton"],
         help="paged-attention kernels: auto = triton on CUDA, the torch reference on CPU",
     )
+    model.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "none", "int8", "int4"],
+        help="CPU weight kernels: none = fp32; int8 = fbgemm int8; int4 = GGUF Q4_1 repacked; "
+        "auto = int8 for the embedded model on a CPU, none otherwise",
+    )
 
     cache = parser.add_argument_group("KV cache")
     cache.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -57,6 +64,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="compute each prompt in one step instead of budget-sized chunks",
     )
     sched.add_argument("--preemption-mode", default="recompute", choices=["swap", "recompute"])
+    sched.add_argument(
+        "--budget-order",
+        default="decode-first",
+        choices=["decode-first", "arrival"],
+        help="token budget: decoding sequences first, then prompt chunks by arrival (default), "
+        "or running groups strictly by arrival",
+    )
     sched.add_argument(
         "--kv-policy",
         default="paged",
@@ -113,6 +127,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             num_threads=args.num_threads,
             device=args.device,
             attention_backend=args.attention_backend,
+            quantization=args.quantization,
         ),
         cache=CacheConfig(
             block_size=args.block_size,
@@ -127,6 +142,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             preemption_mode=args.preemption_mode,
             kv_policy=args.kv_policy,
             enable_prefix_caching=args.prefix_caching,
+            budget_order=args.budget_order,
         ),
         executor=args.executor,
         sim=SimConfig(
@@ -158,6 +174,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--kv-policy", args.kv_policy,
         "--device", args.device,
         "--attention-backend", args.attention_backend,
+        "--quantization", args.quantization,
+        "--budget-order", args.budget_order,
         "--tensor-parallel-size", str(args.tensor_parallel_size),
         "--tp-master-addr", args.tp_master_addr,
         "--executor", args.executor,

@@ -23,12 +23,14 @@ from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
 from services.executor.llama import LlamaSpec
 from services.executor.phase_timer import PhaseTimer
+from services.executor.quantize_model import quantize_model, resolve_quantization
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates
 from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divisible, init_group
 from services.executor.weights import load_hf_config, load_model
 from shared import wire
 from shared.config import EngineConfig
+from shared.model_source import source_gguf
 from shared.protocol import ExecutorReady, StepPlan, StepResult
 
 DTYPES = {
@@ -74,6 +76,11 @@ class Executor:
         self.model = load_model(
             model_dir, dtype, self.max_model_len, self.ops, self.device, self.shard
         )
+        self.quantization = resolve_quantization(config.model.quantization, model_dir, self.device)
+        # Only int4 repacks the file's own Q4_1 blocks; int8 quantizes the fp32 weights (the
+        # embedding's int8 rows then equal the file's Q8_0 blocks, see tests/test_quantized.py).
+        gguf_path = source_gguf(model_dir) if self.quantization == "int4" else None
+        quantize_model(self.model, self.quantization, gguf_path)
         # This rank's KV heads of every block: one block table serves every rank.
         local_heads = self.model.layers[0].self_attn.num_kv_heads
         cache_spec = dataclasses.replace(self.model.spec, num_kv_heads=local_heads)

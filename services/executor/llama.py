@@ -14,6 +14,7 @@ from torch import nn
 
 from kernels.metadata import AttentionMetadata
 from kernels.ops import KernelOps
+from services.executor.quantized import QUANTIZED_LINEARS
 from services.executor.tensor_parallel import Shard
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -112,6 +113,8 @@ FLIPPED_ROWS = (16, 256)
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """layer(x) for x [num_rows, in_features] -> [num_rows, out_features], fastest orientation."""
+    if isinstance(layer, QUANTIZED_LINEARS):  # their kernels take x as it is
+        return layer(x)
     return linear_weight(x, layer.weight, layer.bias)
 
 
@@ -246,6 +249,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_rows, hidden] -> [num_rows, vocab] fp32, only for the rows that sample."""
+        if isinstance(self.lm_head, QUANTIZED_LINEARS):  # set by quantize_model; never sharded
+            return self.lm_head(self.norm(hidden)).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         # Each rank scores its slice of the vocabulary; every rank gets the whole row.
         return self.shard.all_gather_last(linear_weight(self.norm(hidden), weight).float())

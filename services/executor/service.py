@@ -9,10 +9,12 @@ import signal
 import sys
 import threading
 
+import torch
 import zmq
 
 from services.engine.args import add_engine_args, engine_config_from_args
 from services.executor.executor import Executor
+from services.executor.quantize_model import weight_bytes
 from shared.ipc import add_address_args, addresses_from_args, make_socket, recv_sync, send_sync
 from shared.model_source import resolve_model
 from shared.protocol import ExecutorHeartbeat, Shutdown, StepPlan
@@ -43,6 +45,13 @@ def serve(args: argparse.Namespace) -> int:
     beat.start()
     send_sync(results, executor.ready())
     log.info("executor ready: %s", executor.ready())
+    if config.executor != "sim":
+        log.info(
+            "weights: %s, %.1f MB, %d torch threads",
+            executor.quantization,
+            weight_bytes(executor.model) / 1e6,
+            torch.get_num_threads(),
+        )
     # SIGTERM (the launcher's stop) unwinds through `finally`, which stops the other TP ranks.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:

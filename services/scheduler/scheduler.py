@@ -204,18 +204,24 @@ class Scheduler:
         victims: list[SequenceGroup] = []  # swapped out by this plan
         preempted = False
 
-        i = 0
-        while i < len(self.running):
-            group = self.running[i]
+        scheduled: set[SequenceGroup] = set()  # given tokens by this plan
+        for group in self._budget_order():
+            live = group.live_seqs()
+            if not live or live[0].status is not SeqStatus.RUNNING:
+                continue  # preempted (or ended) earlier in this step
             writes = self._plan_writes(group, budget)
             if writes is None:
-                i += 1
                 continue
             while not self._can_write(writes):
                 victim = self.running[-1]
                 if victim is group and len(self.running) == 1:
                     self.running.pop()  # alone and still too big for the whole pool
                     self._end_for_capacity(group)
+                    break
+                if victim in scheduled:
+                    # Only under decode-first (in arrival order the victim, the newest group,
+                    # is never served before the group asking): a prompt chunk does not take
+                    # the blocks of a stream already given its token; it waits a step.
                     break
                 if self._preempt(victim, swap_out):
                     victims.append(victim)
@@ -224,7 +230,7 @@ class Scheduler:
                     break
             else:
                 budget -= self._write(group, writes, entries)
-                i += 1
+                scheduled.add(group)
 
         # The paper's rule: while any group is preempted, admit no new one. Preempted groups come
         # back in arrival order whichever way they left (swapped, or recomputed at the head of
@@ -241,6 +247,15 @@ class Scheduler:
             budget -= used
 
         return self._make_plan(entries, swap_out, swap_in, victims)
+
+    def _budget_order(self) -> list[SequenceGroup]:
+        """Running groups in the order they draw on the token budget. decode-first: groups whose
+        every sequence needs one token, then the rest (prompt chunks, recomputes), each part in
+        arrival order; so a burst of prefill never delays a running stream's next token."""
+        if self.config.budget_order == "arrival":
+            return list(self.running)
+        decoding = [g for g in self.running if _is_decoding(g)]
+        return decoding + [g for g in self.running if not _is_decoding(g)]
 
     def _swap_in(
         self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
@@ -592,3 +607,7 @@ class Scheduler:
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id - 1
+
+
+def _is_decoding(group: SequenceGroup) -> bool:
+    return all(seq.num_uncomputed_tokens <= 1 for seq in group.live_seqs())

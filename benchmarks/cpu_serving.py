@@ -1,0 +1,224 @@
+"""CPU serving: pagedserve, and llama.cpp's llama-server when given, under one client and workload.
+
+The workload of issue #13: N requests of random prompt token ids, all sent at once, streamed
+/v1/completions with max_tokens and ignore_eos (services/bench/http_load.py, one aiohttp
+client for every server). Output tokens come from the usage each server reports, or, when it
+reports none, from tokenizing the streamed text. All servers start first and wait idle; then
+each gets its warm-up runs and its measured runs in turns (one server under load at a time).
+Prints a table and writes JSON.
+
+    .venv/bin/python benchmarks/cpu_serving.py                       # pagedserve defaults
+    .venv/bin/python benchmarks/cpu_serving.py --pagedserve fp32="--quantization none" \\
+        --pagedserve default="" --llama-server /path/llama-server --gguf /path/model.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.bench.http_load import run_load  # noqa: E402
+from services.bench.latency import summarize  # noqa: E402
+from services.bench.traces import TraceRequest  # noqa: E402
+from shared.model_source import embedded_gguf_path, resolve_model  # noqa: E402
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def pagedserve_argv(port: int, threads: int, extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "services.cli", "serve", "--port", str(port),
+        "--num-threads", str(threads), *shlex.split(extra),
+    ]  # fmt: skip
+
+
+def llama_server_argv(binary: str, gguf: str, port: int, threads: int, args) -> list[str]:
+    slots = args.num_requests
+    # Each slot holds one request's prompt and output, with room to spare.
+    ctx = slots * (args.input_len + args.output_len + 64)
+    return [
+        binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+        "-tb", str(threads), "-np", str(slots), "-c", str(ctx), "-fa", "on", "--no-webui",
+        *shlex.split(args.llama_server_args),
+    ]  # fmt: skip
+
+
+def make_trace(args, run: int) -> list[TraceRequest]:
+    # New prompts every run: a server that caches prompts (llama-server keeps each slot's last
+    # prompt) must not answer a repeated run from its cache.
+    rng = random.Random(args.seed * 1000 + run)
+    # Ids from the ordinary part of the vocabulary: no special tokens in a random prompt.
+    return [
+        TraceRequest(0.0, tuple(rng.randrange(1000, 40000) for _ in range(args.input_len)), n)
+        for n in [args.output_len] * args.num_requests
+    ]
+
+
+class Server:
+    """One server process, started idle; measured in turns with the others."""
+
+    def __init__(self, label: str, argv: list[str], url: str, log_path: Path) -> None:
+        print(f"== {label}: {shlex.join(argv)}", flush=True)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        self.label, self.argv, self.url, self.runs = label, argv, url, []
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, start_new_session=True, env=env, stdout=self.log, stderr=self.log
+        )
+
+    def measure(self, trace, tokenizer, kind: str) -> dict:
+        records, duration = asyncio.run(run_load(self.url, trace))
+        counted_by = "usage"
+        for record in records:
+            if record.output_len == 0 and record.text:
+                record.output_len = len(tokenizer.encode(record.text, add_special_tokens=False))
+                counted_by = "tokenized text"
+        summary = summarize(records, duration)
+        summary["output_tokens"] = sum(r.output_len for r in records)
+        summary["counted_by"] = counted_by
+        summary["load_avg_1m"] = os.getloadavg()[0]
+        print(
+            f"  {self.label:22} {kind:7} {summary['output_throughput']:7.1f} out tok/s  "
+            f"TTFT {summary['mean_ttft_s']:6.2f} s  TPOT {summary['mean_tpot_s'] * 1e3:6.1f} ms"
+            f"  ({summary['num_finished']}/{len(trace)} done, {counted_by}, "
+            f"load {summary['load_avg_1m']:.1f})",
+            flush=True,
+        )
+        return summary
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self.log.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--pagedserve",
+        action="append",
+        default=None,
+        metavar="LABEL=ARGS",
+        help="a pagedserve configuration to run (repeatable); default: defaults=''",
+    )
+    parser.add_argument("--no-pagedserve", action="store_true", help="run llama-server only")
+    parser.add_argument("--llama-server", default=None, help="path of a llama-server binary")
+    parser.add_argument("--gguf", default=None, help="GGUF for llama-server (default: embedded)")
+    parser.add_argument("--llama-server-args", default="", help="extra llama-server flags")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="benchmarks/results/cpu_serving.json")
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(None), local_files_only=True)
+    configs = [c.split("=", 1) for c in (args.pagedserve or ["defaults="])]
+    if args.no_pagedserve:
+        configs = []
+    servers: list[Server] = []
+    # Server logs go to the temporary directory, not beside the committed JSON.
+    log_prefix = Path(tempfile.gettempdir()) / Path(args.output).stem
+    try:
+        for label, extra in configs:
+            port = free_port()
+            argv = pagedserve_argv(port, args.threads, extra)
+            log = Path(f"{log_prefix}.{label}.log")
+            servers.append(Server(f"pagedserve {label}", argv, f"http://127.0.0.1:{port}", log))
+        if args.llama_server:
+            port = free_port()
+            gguf = args.gguf or str(embedded_gguf_path())
+            argv = llama_server_argv(args.llama_server, gguf, port, args.threads, args)
+            log = Path(f"{log_prefix}.llama.cpp.log")
+            servers.append(Server("llama.cpp", argv, f"http://127.0.0.1:{port}", log))
+        for server in servers:
+            wait_healthy(server.proc, server.url)
+        # Idle servers take no CPU: each is measured in turn, run by run, so that a change in
+        # the machine's load falls on every server alike rather than on one.
+        for i in range(args.warmup + args.runs):
+            trace = make_trace(args, i)  # the same prompts for every server in this round
+            for server in servers:
+                kind = "warm-up" if i < args.warmup else "run"
+                summary = server.measure(trace, tokenizer, kind)
+                if i >= args.warmup:
+                    server.runs.append(summary)
+    finally:
+        for server in servers:
+            server.stop()
+
+    print(f"\n{'server':28} {'out tok/s (runs)':>24} {'mean TTFT s':>12} {'mean TPOT ms':>13}")
+    for server in servers:
+        name, runs = server.label, server.runs
+        tput = ", ".join(f"{r['output_throughput']:.0f}" for r in runs)
+        ttft = sum(r["mean_ttft_s"] for r in runs) / len(runs)
+        tpot = sum(r["mean_tpot_s"] for r in runs) / len(runs) * 1e3
+        print(f"{name:28} {tput:>24} {ttft:>12.2f} {tpot:>13.1f}")
+    report = {
+        "workload": {
+            "num_requests": args.num_requests,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "threads": args.threads,
+            "warmup": args.warmup,
+            "runs": args.runs,
+        },
+        "argv": sys.argv,
+        "cpu": os.cpu_count(),
+        "servers": {s.label: {"command": shlex.join(s.argv), "runs": s.runs} for s in servers},
+    }
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

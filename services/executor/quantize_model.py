@@ -1,0 +1,83 @@
+"""Swap a loaded fp32 model's linear layers, embedding and LM head for quantized CPU ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from services.executor.gguf_blocks import Q4_1, Q8_0, read_blocks
+from services.executor.llama import LlamaForCausalLM
+from services.executor.quantized import (
+    Int4Linear,
+    Int8Embedding,
+    Int8Linear,
+)
+from shared.model_source import is_embedded
+
+QUANTIZATIONS = ("none", "int8", "int4")
+# What `auto` means for the embedded model on a CPU, chosen from benchmarks/cpu_serving.py and
+# benchmarks/quantized_quality.py (docs/benchmarks.md); every other model stays fp32.
+EMBEDDED_CPU_DEFAULT = "int8"
+
+
+def resolve_quantization(requested: str, model_dir: Path, device: torch.device) -> str:
+    if requested != "auto":
+        return requested
+    return EMBEDDED_CPU_DEFAULT if device.type == "cpu" and is_embedded(model_dir) else "none"
+
+
+LINEAR_MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def quantize_model(model: LlamaForCausalLM, mode: str, gguf_path: Path | None = None) -> None:
+    """In place. int8: int8 linears (activations quantized per row). int4: int4 linears,
+    repacked from the GGUF's Q4_1 blocks when `gguf_path` holds them, else quantized from the
+    fp32 weights. Both keep the embedding as int8 rows (the GGUF's Q8_0 blocks when present)
+    and run the LM head as an int8 linear."""
+    if mode == "none":
+        return
+    if mode not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {mode!r}")
+    if model.shard.size > 1:
+        raise ValueError("quantized weights are not supported with tensor parallelism")
+    if model.cos.device.type != "cpu":
+        raise ValueError("quantized weights use CPU kernels: run with --device cpu")
+    spec = model.spec
+    blocks = read_blocks(gguf_path, spec.num_heads, spec.num_kv_heads) if gguf_path else {}
+    for i, layer in enumerate(model.layers):
+        for name in LINEAR_MODULES:
+            parent_name, child_name = name.split(".")
+            parent = getattr(layer, parent_name)
+            dense: nn.Linear = getattr(parent, child_name)
+            parts = blocks.get(f"layers.{i}.{name}", [])
+            if mode == "int4" and parts and all(isinstance(p, Q4_1) for p in parts):
+                quantized = _int4_from_q4_1(parts, dense.bias)
+            elif mode == "int4":
+                quantized = Int4Linear.from_float(dense.weight, dense.bias)
+            else:
+                quantized = Int8Linear(dense.weight, dense.bias)
+            setattr(parent, child_name, quantized)
+    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    embedding = blocks.get("embed_tokens", [None])[0]
+    if isinstance(embedding, Q8_0):
+        model.embed_tokens = Int8Embedding(embedding.q, embedding.d)
+    else:
+        model.embed_tokens = Int8Embedding.from_float(model.embed_tokens.weight)
+    model.lm_head = Int8Linear(head_weight, None)
+
+
+def _int4_from_q4_1(parts: list[Q4_1], bias: torch.Tensor | None) -> Int4Linear:
+    return Int4Linear.from_q4_1(
+        torch.cat([p.q for p in parts]),
+        torch.cat([p.d for p in parts]),
+        torch.cat([p.m for p in parts]),
+        bias,
+    )
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of every tensor the model holds: weights, quantized or not, and RoPE tables."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)

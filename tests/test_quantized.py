@@ -1,0 +1,152 @@
+"""Quantized CPU layers against fp32, GGUF block repacking, and the quantized engine end to end.
+
+Tolerances: int8 (per-channel weights, per-row activations) stays within 2% relative Frobenius
+error of the fp32 linear on random data; int4 from fp32 within 8% (16 levels per group of 32);
+int4 repacked from Q4_1 blocks reproduces the blocks' own weights to fp32 rounding (1e-6).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from services.executor.gguf_blocks import read_q4_1, read_q8_0
+from services.executor.quantized import Int4Linear, Int8Embedding, Int8Linear
+from tests.conftest import MAX_NEW_TOKENS
+from tests.factories import engine_config
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def random_layer(out_features: int = 96, in_features: int = 128, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen) * 0.05
+    bias = torch.randn(out_features, generator=gen)
+    return weight, bias
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 300])
+def test_int8_linear_is_within_two_percent_of_fp32(rows):
+    weight, bias = random_layer()
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    assert relative_error(Int8Linear(weight, bias)(x), F.linear(x, weight, bias)) < 0.02
+
+
+def test_int8_linear_gives_a_row_the_same_result_alone_and_in_a_batch():
+    # Activation scales are per row: another request in the batch cannot change a token's result.
+    weight, bias = random_layer()
+    layer = Int8Linear(weight, bias)
+    x = torch.randn(40, 128, generator=torch.Generator().manual_seed(1))
+    x[7] *= 100  # an outlier row
+    batched = layer(x)
+    assert torch.equal(layer(x[3:4]), batched[3:4])
+
+
+@pytest.mark.parametrize("rows", [1, 33])
+def test_int4_linear_from_fp32_is_within_eight_percent(rows):
+    weight, bias = random_layer()
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    assert relative_error(Int4Linear.from_float(weight, bias)(x), F.linear(x, weight, bias)) < 0.08
+
+
+def q4_1_bytes(d: np.ndarray, m: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """GGUF Q4_1 rows from d, m [rows, blocks] and q [rows, blocks * 32] (ggml's layout)."""
+    rows, blocks = d.shape
+    q = q.reshape(rows, blocks, 32).astype(np.uint8)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)
+    head = np.concatenate(
+        [
+            d.astype(np.float16)[..., None].view(np.uint8),
+            m.astype(np.float16)[..., None].view(np.uint8),
+        ],
+        axis=-1,
+    ).reshape(rows, blocks, 4)
+    return np.concatenate([head, nibbles], axis=-1).reshape(rows, blocks * 20)
+
+
+def test_q4_1_blocks_repack_into_the_int4_kernel_exactly():
+    rng = np.random.default_rng(0)
+    rows, blocks = 64, 4
+    d = rng.uniform(0.001, 0.02, (rows, blocks)).astype(np.float16).astype(np.float32)
+    m = rng.uniform(-0.2, 0.0, (rows, blocks)).astype(np.float16).astype(np.float32)
+    q = rng.integers(0, 16, (rows, blocks * 32))
+    parsed = read_q4_1(q4_1_bytes(d, m, q))
+    expected = (q.reshape(rows, blocks, 32) * d[..., None] + m[..., None]).reshape(rows, -1)
+    assert torch.equal(parsed.dequantized(), torch.from_numpy(expected.astype(np.float32)))
+    layer = Int4Linear.from_q4_1(parsed.q, parsed.d, parsed.m, None)
+    # Multiplying the identity reads the kernel's weight back: w = (q - 8) * d + (m + 8d).
+    weight_back = layer(torch.eye(blocks * 32)).t()
+    assert (weight_back - parsed.dequantized()).abs().max().item() < 1e-6
+
+
+def test_q8_0_rows_become_an_int8_embedding_and_from_float_recovers_them():
+    rng = np.random.default_rng(1)
+    rows, blocks = 10, 2
+    d = rng.uniform(0.001, 0.01, (rows, blocks)).astype(np.float16)
+    q = rng.integers(-127, 128, (rows, blocks * 32)).astype(np.int8)
+    q[:, 0], q[:, 32] = 127, -127  # ggml scales each block so that its largest value is +-127
+    raw = np.concatenate(
+        [d[..., None].view(np.uint8), q.reshape(rows, blocks, 32).view(np.uint8)], axis=-1
+    ).reshape(rows, blocks * 34)
+    blocks_read = read_q8_0(raw)
+    embedding = Int8Embedding(blocks_read.q, blocks_read.d)
+    dense = embedding.dequantized()
+    ids = torch.tensor([3, 0, 3])
+    assert torch.equal(embedding(ids), dense[ids])
+    # Quantizing the dequantized rows again lands on the same int8 values and scales.
+    again = Int8Embedding.from_float(dense)
+    assert torch.equal(again.qweight, embedding.qweight)
+    assert torch.allclose(again.scales, embedding.scales, rtol=1e-6)
+
+
+# How many of the 12 first greedy tokens must agree with fp32's. The tiny model's random
+# weights (init 0.3) lose more to 16 levels per group than a trained model's do.
+@pytest.mark.parametrize(("mode", "min_agree"), [("int8", 10), ("int4", 6)])
+def test_quantized_engine_keeps_greedy_first_tokens_of_fp32(
+    tiny_model_dir, prompts, hf_greedy, mode, min_agree
+):
+    from dataclasses import replace
+
+    from services.engine.llm_engine import LLMEngine
+    from services.executor.quantized import QUANTIZED_LINEARS
+    from shared.sampling import SamplingParams
+
+    config = engine_config(tiny_model_dir)
+    config = replace(config, model=replace(config.model, quantization=mode))
+    with LLMEngine(config) as engine:
+        assert isinstance(engine.executor.model.layers[0].mlp.down_proj, QUANTIZED_LINEARS)
+        sampling = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        outputs = engine.generate(prompts, sampling)
+    first_same = sum(o.outputs[0].token_ids[0] == ref[0] for o, ref in zip(outputs, hf_greedy))
+    assert all(len(o.outputs[0].token_ids) == MAX_NEW_TOKENS for o in outputs)
+    assert first_same >= min_agree, f"{first_same}/{len(prompts)} first tokens agree"
+
+
+def test_auto_keeps_fp32_for_models_other_than_the_embedded_one(tiny_model_dir):
+    from services.executor.quantize_model import resolve_quantization
+
+    assert resolve_quantization("auto", tiny_model_dir, torch.device("cpu")) == "none"
+    assert resolve_quantization("int4", tiny_model_dir, torch.device("cpu")) == "int4"
+
+
+@pytest.mark.slow
+def test_embedded_gguf_blocks_equal_the_converted_fp32_weights():
+    from safetensors import safe_open
+
+    from services.executor.gguf_blocks import read_blocks
+    from shared.model_source import embedded_gguf_path, resolve_model
+
+    blocks = read_blocks(embedded_gguf_path(), num_heads=9, num_kv_heads=3)
+    with safe_open(str(resolve_model(None) / "model.safetensors"), "pt") as f:
+        names = ["q_proj", "k_proj", "v_proj"]
+        for part, name in zip(blocks["layers.5.self_attn.qkv_proj"], names):
+            assert torch.equal(
+                part.dequantized(), f.get_tensor(f"model.layers.5.self_attn.{name}.weight")
+            )
+        embed = blocks["embed_tokens"][0]
+        dense = Int8Embedding(embed.q, embed.d).dequantized()
+        assert torch.equal(dense, f.get_tensor("model.embed_tokens.weight"))
