@@ -60,7 +60,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, model: str, i: int) 
     body = {
         "model": model,
         "prompt": [3 + (i * 7 + j) % 300 for j in range(24)],
-        "max_tokens": 160,
+        "max_tokens": 240,  # long enough that a 0.2 s poll sees swapped blocks, also on a fast host
         "n": 2 if i % 3 == 0 else 1,  # parallel samples share their prompt blocks
         "ignore_eos": True,
         "stream": True,
