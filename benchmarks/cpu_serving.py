@@ -24,14 +24,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.bench.http_load import run_load  # noqa: E402
 from services.bench.latency import summarize  # noqa: E402
+from services.bench.server import wait_healthy  # noqa: E402
 from services.bench.traces import TraceRequest  # noqa: E402
 from shared.model_source import embedded_gguf_path, resolve_model  # noqa: E402
 
@@ -42,21 +41,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -180,7 +164,7 @@ def main() -> None:
             log = Path(f"{log_prefix}.llama.cpp.log")
             servers.append(Server("llama.cpp", argv, f"http://127.0.0.1:{port}", log))
         for server in servers:
-            wait_healthy(server.proc, server.url)
+            wait_healthy(server.proc, server.url, timeout_s=600.0)
         # Idle servers take no CPU: each is measured in turn, run by run, so that a change in
         # the machine's load falls on every server alike rather than on one.
         for i in range(args.warmup + args.runs):

@@ -25,18 +25,7 @@ class Server:
         )
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pagedserve serve exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.url} not ready after {timeout_s} s")
+        wait_healthy(self.proc, self.url, timeout_s)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -46,3 +35,19 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float) -> None:
+    """Poll `url`/health until it answers 200; raise if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
