@@ -254,8 +254,11 @@ class Scheduler:
         arrival order; so a burst of prefill never delays a running stream's next token."""
         if self.config.budget_order == "arrival":
             return list(self.running)
-        decoding = [g for g in self.running if _is_decoding(g)]
-        return decoding + [g for g in self.running if not _is_decoding(g)]
+        decoding: list[SequenceGroup] = []
+        computing: list[SequenceGroup] = []
+        for group in self.running:  # one pass: this runs every step
+            (decoding if _is_decoding(group) else computing).append(group)
+        return decoding + computing
 
     def _swap_in(
         self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
