@@ -65,9 +65,64 @@ def measured_run(engine: LLMEngine, seed: int, num_requests: int, scale: float):
     return plans, np.array(seconds)
 
 
+def _features(plans, model) -> np.ndarray:
+    """[steps, 2]: FLOPs and 1. The bytes a step moves barely vary here (the weights dominate
+    them), so they are not separable from the constant; the constant absorbs them."""
+    unit = GpuSpec("unit", 0, 1.0, 1.0, 1.0, 0.0)
+    return np.array([[step_cost(p, unit, model, 16, 0.0).flops, 1.0] for p in plans])
+
+
+def _fit_effective(plans, model, measured: np.ndarray) -> dict[str, float]:
+    """measured = flops / F + c by least squares: the GEMM rate steps really reach, and a fixed
+    cost per step that includes streaming the weights."""
+    (per_flop, constant), *_ = np.linalg.lstsq(_features(plans, model), measured, rcond=None)
+    if per_flop <= 0:
+        raise RuntimeError(f"effective-rate fit is not physical: {per_flop} s per FLOP")
+    return {"flops": float(1 / per_flop), "constant_s": float(constant)}
+
+
+def _effective_seconds(plans, model, fit: dict[str, float]) -> np.ndarray:
+    return _features(plans, model) @ np.array([1 / fit["flops"], fit["constant_s"]])
+
+
+def _errors(modeled: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    rel = np.abs(modeled - measured) / measured
+    return {
+        "total_error": float(modeled.sum() / measured.sum() - 1),
+        "step_mean_abs_error": float(rel.mean()),
+        "step_p90_abs_error": float(np.percentile(rel, 90)),
+    }
+
+
+def calibrate(engine: LLMEngine, gpu: GpuSpec, model) -> dict:
+    """One fit run, one held-out check run; each calibration's errors on both."""
+    runs = {}
+    for name, seed, num_requests, scale in (("fit", 0, 12, 0.1), ("check", 1, 16, 0.08)):
+        plans, measured = measured_run(engine, seed, num_requests, scale)
+        roofline = np.array([step_cost(p, gpu, model, 16, 0.0).seconds for p in plans])
+        runs[name] = (plans, measured, roofline)
+    plans, measured, roofline = runs["fit"]
+    # The issue's calibration: vendor-style peaks (here the microbenchmarks) plus one fitted
+    # per-step overhead, the mean of measured minus modeled time.
+    overhead = float(np.mean(measured - roofline))
+    effective = _fit_effective(plans, model, measured)
+    report = {"fitted_step_overhead_s": overhead, "effective_rate_fit": effective, "runs": {}}
+    for name, (plans, measured, roofline) in runs.items():
+        report["runs"][name] = {
+            "num_steps": len(plans),
+            "mean_tokens_per_step": float(np.mean([p.num_tokens for p in plans])),
+            "measured_total_s": float(measured.sum()),
+            "roofline_share_of_measured": float(roofline.sum() / measured.sum()),
+            "peak_plus_overhead": _errors(roofline + overhead, measured),
+            "effective_rates": _errors(_effective_seconds(plans, model, effective), measured),
+        }
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="fit/check pairs, for the spread")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -76,58 +131,42 @@ def main() -> int:
     gpu = GpuSpec("cpu-measured", 0, bandwidth, flops, bandwidth, 0.0)
     model = MODELS["smollm2-135m"]
     config = EngineConfig(
-        model=ModelConfig(num_threads=args.threads, device="cpu"),
+        # fp32 weights: the cost model counts 4-byte parameters and the probe is an fp32 GEMM.
+        model=ModelConfig(num_threads=args.threads, device="cpu", quantization="none"),
         cache=CacheConfig(num_device_blocks=256),
         scheduler=SchedulerConfig(max_num_batched_tokens=512),
     )
     engine = LLMEngine(config)
-    runs = {}
-    for name, seed, num_requests, scale in (("fit", 0, 12, 0.1), ("check", 1, 16, 0.08)):
-        plans, measured = measured_run(engine, seed, num_requests, scale)
-        roofline = np.array([step_cost(p, gpu, model, 16, 0.0).seconds for p in plans])
-        runs[name] = (plans, measured, roofline)
-        print(f"{name}: {len(plans)} steps, measured {measured.sum():.2f} s")
-    _, measured, roofline = runs["fit"]
-    overhead = float(np.mean(measured - roofline))
-    # Diagnostic only: also fit a scale on the roofline (measured = a * roofline + b), which
-    # absorbs a machine slower or faster than its microbenchmarks say.
-    scale, offset = (float(x) for x in np.polyfit(roofline, measured, 1))
-    report = {
-        "cpu_gemm_flops": flops,
-        "cpu_copy_bytes_per_s": bandwidth,
-        "fitted_step_overhead_s": overhead,
-        "two_parameter_fit": {"roofline_scale": scale, "overhead_s": offset},
-        "runs": {},
-    }
-    for name, (plans, measured, roofline) in runs.items():
-        two = scale * roofline + offset
-        modeled = roofline + overhead
-        rel = np.abs(modeled - measured) / measured
-        entry = {
-            "num_steps": len(plans),
-            "mean_tokens_per_step": float(np.mean([p.num_tokens for p in plans])),
-            "measured_total_s": float(measured.sum()),
-            "modeled_total_s": float(modeled.sum()),
-            "total_error": float(modeled.sum() / measured.sum() - 1),
-            "step_mean_abs_error": float(rel.mean()),
-            "step_p90_abs_error": float(np.percentile(rel, 90)),
-            "roofline_share_of_measured": float(roofline.sum() / measured.sum()),
-            "two_parameter_total_error": float(two.sum() / measured.sum() - 1),
-            "two_parameter_step_mean_abs_error": float(np.mean(np.abs(two - measured) / measured)),
-        }
-        report["runs"][name] = entry
+    repeats = []
+    for index in range(args.repeats):
+        report = calibrate(engine, gpu, model)
+        repeats.append(report)
+        eff = report["effective_rate_fit"]
         print(
-            f"{name:6s} measured {entry['measured_total_s']:7.2f} s  modeled "
-            f"{entry['modeled_total_s']:7.2f} s  ({100 * entry['total_error']:+.1f}%)  "
-            f"per step |err| mean {100 * entry['step_mean_abs_error']:.1f}%"
-            f" p90 {100 * entry['step_p90_abs_error']:.1f}%"
+            f"repeat {index}: overhead {1e3 * report['fitted_step_overhead_s']:.1f} ms; "
+            f"effective {eff['flops'] / 1e9:.1f} GFLOP/s + {1e3 * eff['constant_s']:.1f} ms"
         )
-    print(f"fitted per-step overhead: {1e3 * overhead:.1f} ms")
-    print(f"two-parameter diagnostic: {scale:.2f} x roofline + {1e3 * offset:.1f} ms")
+        for name, entry in report["runs"].items():
+            peak, effective = entry["peak_plus_overhead"], entry["effective_rates"]
+            print(
+                f"  {name:6s} {entry['num_steps']:3d} steps, measured "
+                f"{entry['measured_total_s']:6.2f} s; peak+overhead total "
+                f"{100 * peak['total_error']:+.1f}% (step |err| {100 * peak['step_mean_abs_error']:.0f}%)"
+                f"; effective total {100 * effective['total_error']:+.1f}%"
+                f" (step |err| {100 * effective['step_mean_abs_error']:.0f}%)"
+            )
     if args.json:
-        report["config"] = dataclasses.asdict(config)
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump(
+                {
+                    "cpu_gemm_flops": flops,
+                    "cpu_copy_bytes_per_s": bandwidth,
+                    "repeats": repeats,
+                    "config": dataclasses.asdict(config),
+                },
+                f,
+                indent=2,
+            )
         print(f"wrote {args.json}")
     return 0
 

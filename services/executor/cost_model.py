@@ -56,9 +56,9 @@ GPUS = {
         GpuSpec("a100-40gb", 40 * GiB, 1.555e12, 312e12, 25e9, 0.005),
         GpuSpec("a100-80gb", 80 * GiB, 2.039e12, 312e12, 25e9, 0.005),
         GpuSpec("h100-80gb", 80 * GiB, 3.35e12, 989e12, 50e9, 0.005),
-        # This machine's two cores, fp32: GEMM rate and copy bandwidth as measured in
-        # docs/benchmarks.md; the overhead was fitted by benchmarks/calibrate_sim.py.
-        GpuSpec("cpu-2core", 24 * GiB, 7e9, 113e9, 7e9, 0.060),
+        # This machine's two cores, fp32, quiet: copy bandwidth, GEMM rate and the per-step
+        # overhead fitted by benchmarks/calibrate_sim.py (docs/benchmarks.md, 2026-11-30).
+        GpuSpec("cpu-2core", 24 * GiB, 49e9, 152e9, 49e9, 0.074),
     )
 }
 
