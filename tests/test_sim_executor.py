@@ -81,3 +81,8 @@ def test_replay_on_the_virtual_clock_waits_for_arrivals():
     assert result.num_steps == 15
     assert result.duration_s == pytest.approx(second.finish_s)
     assert result.memory["token_states"] > 0 and result.saturated_s == 0
+    # Nothing preempted: each request computed its prompt and all but its last output token.
+    assert result.num_computed_tokens == (100 + 9) + (50 + 4)
+    # One sequence ran in every step (the requests never overlapped), none while idle.
+    assert result.mean_running == pytest.approx(1.0)
+    assert result.max_running == 1

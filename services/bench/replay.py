@@ -35,6 +35,8 @@ class ReplayResult:
     memory_saturated: dict[str, float]
     saturated_s: float
     max_running: int = 0
+    mean_running: float = 0.0  # sequences in a step's batch, averaged over time
+    num_computed_tokens: int = 0  # tokens whose K/V the steps computed (recomputation included)
     extra: dict = field(default_factory=dict)
 
 
@@ -46,6 +48,8 @@ def replay(engine: LLMEngine, trace: list[TraceRequest], progress: bool = False)
     now = pending[0].arrival_s if pending else 0.0
     start = now
     max_running = 0
+    running_seconds = 0.0  # sum of running sequences x step time
+    tokens_before = engine.stats.num_batched_tokens
     bar = None
     if progress:
         from tqdm import tqdm
@@ -69,6 +73,7 @@ def replay(engine: LLMEngine, trace: list[TraceRequest], progress: bool = False)
         now += step_s
         scheduler = engine.scheduler
         max_running = max(max_running, scheduler.num_running_seqs)
+        running_seconds += engine.last_step_num_seqs * step_s
         breakdown = kv_breakdown(scheduler)
         whole.add(breakdown, step_s)
         if scheduler.waiting:
@@ -94,4 +99,6 @@ def replay(engine: LLMEngine, trace: list[TraceRequest], progress: bool = False)
         memory_saturated=saturated.averages(),
         saturated_s=saturated.seconds,
         max_running=max_running,
+        mean_running=running_seconds / whole.seconds if whole.seconds else 0.0,
+        num_computed_tokens=engine.stats.num_batched_tokens - tokens_before,
     )

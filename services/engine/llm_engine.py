@@ -77,6 +77,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.executor.ready())
         self.loop = StepLoop(self.scheduler)
         self.stats = StepStats()
+        self.last_step_num_seqs = 0
         self._ids = itertools.count()
         self._tokenizer = None
 
@@ -116,6 +117,7 @@ class LLMEngine:
 
     def step(self) -> list[GroupUpdate]:
         plan = self.loop.plan()
+        self.last_step_num_seqs = len(plan.seqs)  # the batch the step ran (for benchmarks)
         t1 = time.perf_counter()
         result = self.executor.execute(plan)
         t2 = time.perf_counter()
