@@ -190,12 +190,14 @@ async def _stream_all(url: str, model: str, prompts, out_lens) -> dict:
     }
 
 
-def run_served(model_dir: Path, args, prompts, out_lens) -> dict:
+def run_served(model_dir: Path, args, prompts, out_lens, overlap: bool = True) -> dict:
     port = _free_port()
     argv = [sys.executable, "-m", "services.cli", "serve", "--model", str(model_dir),
             "--port", str(port), "--dtype", args.dtype, "--device", args.device,
             "--kv-cache-gb", str(args.kv_cache_gb), "--max-num-seqs", str(args.num_requests),
             "--max-num-batched-tokens", "8192"]  # fmt: skip
+    if not overlap:
+        argv.append("--no-async-scheduling")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -259,6 +261,11 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=["fixed", "varied"])
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-served", action="store_true")
+    parser.add_argument(
+        "--served-sync",
+        action="store_true",
+        help="also serve with --no-async-scheduling, to compare the two loops",
+    )
     parser.add_argument("--json", default="benchmarks/results/gpu_throughput.json")
     args = parser.parse_args()
 
@@ -273,10 +280,13 @@ def main() -> None:
             prompts, out_lens = workload(kind, args, vocab)
             entry = {"in_process": run_in_process(model_dir, args, prompts, out_lens)}
             if not args.skip_served:
-                entry["served"] = run_served(model_dir, args, prompts, out_lens)
-                entry["served_vs_in_process"] = (
-                    entry["served"]["tok_per_s"] / entry["in_process"]["tok_per_s"]
-                )
+                # Async scheduling (the default) and the synchronous loop, side by side.
+                for key, overlap in (("served", True), ("served_sync", False)):
+                    if overlap or args.served_sync:
+                        entry[key] = run_served(model_dir, args, prompts, out_lens, overlap)
+                        entry[f"{key}_vs_in_process"] = (
+                            entry[key]["tok_per_s"] / entry["in_process"]["tok_per_s"]
+                        )
             if not args.skip_hf:
                 entry["transformers"] = run_transformers(model_dir, args, prompts, out_lens)
                 entry["in_process_vs_transformers"] = (

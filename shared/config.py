@@ -89,6 +89,10 @@ class SchedulerConfig:
     # token, then prompt chunks in arrival order (vLLM v1), so long prefills do not stall
     # running streams; "arrival" serves running groups strictly in arrival order (the paper's).
     budget_order: BudgetOrder = "decode-first"
+    # The scheduler service plans step N+1 while the executor runs step N whenever N+1 needs
+    # nothing of N's result but its sampled tokens, which the executor fills in itself
+    # (services/scheduler/lookahead.py); the host's work then hides behind the device's.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

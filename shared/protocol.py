@@ -23,6 +23,11 @@ class ExecutorReady:
     eos_token_ids: tuple[int, ...]
 
 
+# In a plan made while the step before it still ran (async scheduling): "the token you sampled
+# for this sequence in the previous step", which only the executor knows yet.
+PENDING_TOKEN = -1
+
+
 @dataclass
 class ScheduledSeq:
     """One sequence's share of a step."""

@@ -84,6 +84,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="do not reuse the K/V of prompt blocks that earlier requests computed",
     )
 
+    sched.add_argument(
+        "--no-async-scheduling",
+        dest="async_scheduling",
+        action="store_false",
+        help="served: wait for each step's result before planning the next (default: plan the "
+        "next decode step while the executor runs this one)",
+    )
+
     sim = parser.add_argument_group("simulated executor")
     sim.add_argument(
         "--executor",
@@ -143,6 +151,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             kv_policy=args.kv_policy,
             enable_prefix_caching=args.prefix_caching,
             budget_order=args.budget_order,
+            async_scheduling=args.async_scheduling,
         ),
         executor=args.executor,
         sim=SimConfig(
@@ -198,6 +207,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         argv.append("--no-chunked-prefill")
     if not args.prefix_caching:
         argv.append("--no-prefix-caching")
+    if not args.async_scheduling:
+        argv.append("--no-async-scheduling")
     if args.tp_external_workers:
         argv.append("--tp-external-workers")
     return argv

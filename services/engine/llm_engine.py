@@ -18,7 +18,7 @@ from services.scheduler.sequence import SequenceGroup
 from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
 from shared.model_source import resolve_model
-from shared.protocol import SampledToken
+from shared.protocol import SampledToken, StepPlan, StepResult
 from shared.sampling import SamplingParams
 
 
@@ -64,8 +64,14 @@ class StepStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, overlap_steps: bool = False) -> None:
+        """overlap_steps: run the scheduler service's async ordering in one process (plan and
+        execute step N+1 before applying step N's result). It gains nothing here, where the
+        executor is synchronous, and reports each step's tokens one step late on the clock of
+        a replay; it exists so that tests cover that ordering deterministically."""
         self.config = config
+        self.overlap_steps = overlap_steps and config.scheduler.async_scheduling
+        self._ahead: tuple[StepPlan, StepResult] | None = None  # planned and run, not applied
         if config.executor == "sim":
             from services.executor.sim import SimExecutor
 
@@ -113,14 +119,21 @@ class LLMEngine:
         return RequestOutput.from_group(update.group) if update else None
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._ahead is not None
 
     def step(self) -> list[GroupUpdate]:
-        plan = self.loop.plan()
-        self.last_step_num_seqs = len(plan.seqs)  # the batch the step ran (for benchmarks)
         t1 = time.perf_counter()
-        result = self.executor.execute(plan)
+        if self._ahead is not None:
+            (plan, result), self._ahead = self._ahead, None
+        else:
+            plan = self.loop.plan()
+            result = self.executor.execute(plan)
+        if self.overlap_steps:
+            ahead = self.scheduler.schedule_ahead()
+            if ahead is not None:  # runs before `plan` is applied, as in the service
+                self._ahead = (ahead, self.executor.execute(ahead))
         t2 = time.perf_counter()
+        self.last_step_num_seqs = len(plan.seqs)  # the batch the step ran (for benchmarks)
         updates = self.loop.finish(plan, result)
         seconds = self.stats.seconds
         seconds["schedule"] += self.loop.schedule_s

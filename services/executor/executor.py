@@ -31,7 +31,7 @@ from services.executor.weights import load_hf_config, load_model
 from shared import wire
 from shared.config import EngineConfig
 from shared.model_source import source_gguf
-from shared.protocol import ExecutorReady, StepPlan, StepResult
+from shared.protocol import PENDING_TOKEN, ExecutorReady, StepPlan, StepResult
 
 DTYPES = {
     "float32": torch.float32,
@@ -96,6 +96,7 @@ class Executor:
             self._grammar_matcher,
         )
         self._grammars: GrammarCompiler | None = None
+        self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
 
     # ---- tensor parallelism -----------------------------------------------------------------
     def _join_ranks(self, config: EngineConfig, rank: int) -> Shard:
@@ -171,11 +172,15 @@ class Executor:
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply the plan; a failure becomes StepResult.error so its requests end, not hang."""
         try:
+            plan = self._fill_pending_tokens(plan)
             if self.shard.size > 1 and self.shard.is_driver:
                 if not self.ranks_alive():
                     raise RuntimeError("a tensor-parallel rank has exited")
                 broadcast_bytes(self.shard, wire.encode(plan), self._comm_device)
-            return self._execute(plan)
+            result = self._execute(plan)
+            for token in result.tokens:
+                self._last_sampled[token.seq_id] = token.token_id
+            return result
         except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which ends requests
             traceback.print_exc()
             if self.shard.size > 1:
@@ -184,6 +189,21 @@ class Executor:
                 # and is replaced like any dead executor.
                 self._broken = True
             return StepResult(plan.step_id, [], error=f"{type(exc).__name__}: {exc}")
+
+    def _fill_pending_tokens(self, plan: StepPlan) -> StepPlan:
+        """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
+        token this executor sampled for that sequence in the previous step. Returns a copy with
+        them filled in (the caller's plan is left as it was sent)."""
+        for seq_id in plan.freed_seq_ids:
+            self._last_sampled.pop(seq_id, None)
+        seqs = []
+        for seq in plan.seqs:
+            if PENDING_TOKEN in seq.token_ids:
+                if seq.token_ids != [PENDING_TOKEN] or seq.seq_id not in self._last_sampled:
+                    raise ValueError(f"sequence {seq.seq_id}: no sampled token for its input")
+                seq = dataclasses.replace(seq, token_ids=[self._last_sampled[seq.seq_id]])
+            seqs.append(seq)
+        return dataclasses.replace(plan, seqs=seqs)
 
     def _execute(self, plan: StepPlan) -> StepResult:
         timer = PhaseTimer(self.device)

@@ -14,11 +14,19 @@ from dataclasses import dataclass, field
 from services.scheduler.beam_search import BeamSearch, Candidate
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.kv_policy import make_block_manager
+from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from shared.config import SchedulerConfig
 from shared.errors import InvalidRequestError
-from shared.protocol import ExecutorReady, SampledToken, ScheduledSeq, StepPlan, StepResult
+from shared.protocol import (
+    PENDING_TOKEN,
+    ExecutorReady,
+    SampledToken,
+    ScheduledSeq,
+    StepPlan,
+    StepResult,
+)
 from shared.sampling import SamplingParams
 from shared.structured import check_spec
 
@@ -197,6 +205,9 @@ class Scheduler:
 
     # ---- one step -----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
+        if self._inflight:
+            # Its counters would count the step in flight as not computed and plan it again.
+            raise RuntimeError("schedule() while a step is in flight: await its result first")
         budget = self.token_budget
         entries: list[_Entry] = []
         swap_out: list[tuple[int, int]] = []
@@ -247,6 +258,43 @@ class Scheduler:
             budget -= used
 
         return self._make_plan(entries, swap_out, swap_in, victims)
+
+    def schedule_ahead(self) -> StepPlan | None:
+        """Plan the next step while the one in flight runs (async scheduling), or None when the
+        next step needs this one's result (see lookahead.py): then wait for it and schedule().
+
+        Only with exactly one step in flight, nothing waiting or swapped, and a free block for
+        every sequence that crosses into a new one: it never admits, resumes or preempts.
+        """
+        if len(self._inflight) != 1 or self.waiting or self.swapped or self._pending_updates:
+            return None
+        (entries,) = self._inflight.values()
+        ahead = lookahead_seqs(entries, self.running, self.max_seq_len)
+        if ahead is None:
+            return None
+        # The step in flight computes position num_computed_tokens; this one the next.
+        writes = [(e.seq.seq_id, e.seq.num_computed_tokens + 1, 1) for e in ahead]
+        if self.block_manager.num_new_blocks(writes) > self.block_manager.device.num_free:
+            return None
+        new_entries, seqs = [], []
+        for entry, (seq_id, position, _) in zip(ahead, writes):
+            self.block_manager.allocate_slots(seq_id, position, 1)
+            block_ids, replace = self.block_manager.take_table_update(seq_id)
+            new_entries.append(_Entry(entry.seq, entry.group, 1, []))
+            seqs.append(
+                ScheduledSeq(seq_id, [PENDING_TOKEN], position, block_ids, replace, sample=True)
+            )
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            seqs=seqs,
+            copies=self.block_manager.take_copies(),
+            freed_seq_ids=self._freed_seq_ids,
+        )
+        self._freed_seq_ids = []
+        self._inflight[plan.step_id] = new_entries
+        self._inflight_victims[plan.step_id] = []
+        self._next_step_id += 1
+        return plan
 
     def _budget_order(self) -> list[SequenceGroup]:
         """Running groups in the order they draw on the token budget. decode-first: groups whose

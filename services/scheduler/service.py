@@ -106,11 +106,12 @@ class SchedulerService:
         self.scheduler: Scheduler | None = None
         self._work = asyncio.Event()
         self._send_lock = asyncio.Lock()
-        self._result: asyncio.Future[StepResult] | None = None
+        self._futures: dict[int, asyncio.Future[StepResult]] = {}  # step_id -> its result
+        self._sent_at: dict[int, float] = {}  # step_id -> perf_counter() when sent
+        self._last_result_at = 0.0
         self._executor_seen = time.monotonic()
         self._stopping = asyncio.Event()
         self._last_step = (0.0, 0.0, 0.0)  # scheduler, executor, round trip seconds
-        self._awaited_step: int | None = None  # the step whose result _results may deliver
         self._crashed = False
         self._num_steps = 0
         self._kv_accountant = KVAccountant()
@@ -229,10 +230,10 @@ class SchedulerService:
                 self._executor_back.set()
             elif isinstance(message, StepResult):
                 # A result that arrives after its step was given up on must not end another.
-                awaited = self._result is not None and message.step_id == self._awaited_step
-                if awaited and not self._result.done():
-                    self._result.set_result(message)
-                elif not awaited:
+                future = self._futures.get(message.step_id)
+                if future is not None and not future.done():
+                    future.set_result(message)
+                elif future is None:
                     log.warning("dropped a late result for step %d", message.step_id)
             elif not isinstance(message, ExecutorHeartbeat | ExecutorReady):
                 log.warning("unexpected message from the executor: %s", type(message).__name__)
@@ -240,6 +241,7 @@ class SchedulerService:
     async def _steps(self) -> None:
         scheduler = self.scheduler
         loop = StepLoop(scheduler)
+        overlap = self.config.scheduler.async_scheduling
         while True:
             if not self._executor_up:
                 if not await self._replace_executor():
@@ -252,23 +254,41 @@ class SchedulerService:
             running_before, num_preemptions = list(scheduler.running), scheduler.num_preemptions
             plan = loop.plan()
             self._preemptions.note(running_before, num_preemptions, scheduler)
-            self._result = asyncio.get_running_loop().create_future()
-            self._awaited_step = plan.step_id
-            t1 = time.perf_counter()
             try:
-                result = await self._run_plan(plan)
+                await self._submit(plan)
+                # Async scheduling: while `plan` runs, plan the next step if it needs nothing
+                # of this one's result but the sampled tokens; repeat while that holds.
+                while plan is not None:
+                    ahead = scheduler.schedule_ahead() if overlap else None
+                    if ahead is not None:
+                        await self._submit(ahead)
+                    result = await self._await_result(plan)
+                    await self._finish_step(loop, plan, result)
+                    plan = ahead
             except ExecutorLost:
-                continue  # the plan dies with the executor; its groups are recomputed
-            t2 = time.perf_counter()
-            updates = loop.finish(plan, result)  # raises (the task dies) when nothing moved
-            self._num_steps = loop.num_steps
-            self._last_step = (loop.schedule_s, sum(result.timings.values()), t2 - t1)
-            breakdown = kv_breakdown(scheduler)
-            self._kv_fractions = breakdown.fractions()
-            self._kv_accountant.add(breakdown, t2 - t1)
-            if self._plan_log is not None:
-                self._log_step(plan, updates)
-            await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
+                # Plans in flight die with the executor; their groups are recomputed.
+                for future in self._futures.values():
+                    if future.done() and not future.cancelled():
+                        future.exception()  # retrieved: not an unhandled error
+                self._futures.clear()
+                self._sent_at.clear()
+
+    async def _finish_step(self, loop: StepLoop, plan, result: StepResult) -> None:
+        now = time.perf_counter()
+        sent = self._sent_at.pop(plan.step_id, now)
+        # Overlapped steps run back to back: one step's share of the wall clock starts when the
+        # previous result arrived, not when its plan was sent.
+        wall = now - max(sent, self._last_result_at)
+        self._last_result_at = now
+        updates = loop.finish(plan, result)  # raises (the task dies) when nothing moved
+        self._num_steps = loop.num_steps
+        self._last_step = (loop.schedule_s, sum(result.timings.values()), now - sent)
+        breakdown = kv_breakdown(self.scheduler)
+        self._kv_fractions = breakdown.fractions()
+        self._kv_accountant.add(breakdown, wall)
+        if self._plan_log is not None:
+            self._log_step(plan, updates)
+        await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
 
     # ---- a dead executor or gateway ------------------------------------------------------------
     def _on_executor_lost(self) -> None:
@@ -276,8 +296,9 @@ class SchedulerService:
             return
         log.error("the executor's connection closed; waiting for a new executor")
         self._executor_up = False
-        if self._result is not None and not self._result.done():
-            self._result.set_exception(ExecutorLost())
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(ExecutorLost())
         self._work.set()  # an idle step loop wakes up to wait for the replacement
 
     async def _replace_executor(self) -> bool:
@@ -333,23 +354,40 @@ class SchedulerService:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _run_plan(self, plan) -> StepResult:
-        """Send the plan and await its result; a silent executor fails the step instead of
-        hanging it (a send to a dead executor would wait forever, so it is bounded too).
+    async def _submit(self, plan) -> None:
+        """Send a plan; its result arrives through _results into its future. A send to a dead
+        executor would wait forever, so it is bounded; a silent executor fails the step.
         Raises ExecutorLost when the executor's connection closes meanwhile."""
-        sent = False
+        future = asyncio.get_running_loop().create_future()
+        self._futures[plan.step_id] = future
+        self._sent_at[plan.step_id] = time.perf_counter()
         while True:
             if not self._executor_up:
                 raise ExecutorLost()
             try:
-                if not sent:
-                    await asyncio.wait_for(send(self.plans, plan), HEARTBEAT_S)
-                    sent = True
-                return await asyncio.wait_for(asyncio.shield(self._result), HEARTBEAT_S)
+                await asyncio.wait_for(send(self.plans, plan), HEARTBEAT_S)
+                return
             except TimeoutError:
                 if not self._executor_alive():
                     log.error("executor stopped responding; failing step %d", plan.step_id)
-                    return StepResult(plan.step_id, [], error="the executor stopped responding")
+                    error = StepResult(plan.step_id, [], error="the executor stopped responding")
+                    future.set_result(error)
+                    return
+
+    async def _await_result(self, plan) -> StepResult:
+        future = self._futures[plan.step_id]
+        try:
+            while True:
+                if not self._executor_up:
+                    raise ExecutorLost()
+                try:
+                    return await asyncio.wait_for(asyncio.shield(future), HEARTBEAT_S)
+                except TimeoutError:
+                    if not self._executor_alive():
+                        log.error("executor stopped responding; failing step %d", plan.step_id)
+                        return StepResult(plan.step_id, [], error="the executor stopped responding")
+        finally:
+            self._futures.pop(plan.step_id, None)
 
     async def _heartbeat(self) -> None:
         while True:

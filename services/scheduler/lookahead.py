@@ -1,0 +1,47 @@
+"""Async scheduling: which sequences the next step can take while this step still runs.
+
+While the executor runs step N the scheduler may already plan step N+1, but only a step it can
+plan without N's outcome: every sequence of N decodes one more token whose id the executor
+alone knows yet (it sampled it in N), so the plan carries PENDING_TOKEN in its place. Anything
+that needs N's outcome (a beam step, a fork, a grammar, admitting or resuming a request,
+preemption, a prompt chunk) waits for a synchronous step. A sequence that N's token ends (eos,
+a stop token) wastes one token of N+1; the scheduler drops it when N+1 is reported.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from services.scheduler.sequence import Sequence, SequenceGroup
+
+
+class _Entry(Protocol):
+    seq: Sequence
+    group: SequenceGroup
+    num_new_tokens: int
+    fork_seq_ids: list[int]
+
+
+def lookahead_seqs(
+    entries: list[_Entry], running: list[SequenceGroup], max_seq_len: int
+) -> list[_Entry] | None:
+    """The entries of the step in flight whose sequences decode again in the next step, or None
+    when the next step must wait for this one's result."""
+    live = [s for g in running for s in g.live_seqs()]
+    if len(live) != sum(1 for e in entries if not e.seq.is_finished):
+        return None  # a running sequence has no share of the step in flight
+    ahead = []
+    for entry in entries:
+        seq, group = entry.seq, entry.group
+        if seq.is_finished:
+            continue  # aborted while the step runs
+        if group.beam is not None or group.sampling.guided is not None or entry.fork_seq_ids:
+            return None  # the next step depends on what this one draws
+        if entry.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
+            return None  # not a decode of the last known token (a prompt, a recompute)
+        if seq.num_output_tokens + 1 >= group.sampling.max_tokens:
+            continue  # the token in flight is its last: it ends by length
+        if seq.num_tokens + 1 >= max_seq_len:
+            continue
+        ahead.append(entry)
+    return ahead or None

@@ -1,0 +1,146 @@
+"""Async scheduling: step N+1 planned and run before step N's result is applied gives the same
+tokens as the synchronous loop, frees every block, and wastes at most one token per stop."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.engine.llm_engine import LLMEngine
+from services.scheduler.scheduler import Scheduler
+from shared.config import SchedulerConfig
+from shared.protocol import PENDING_TOKEN, ExecutorReady, SampledToken, StepResult
+from shared.sampling import SamplingParams
+from tests.conftest import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
+from tests.factories import engine_config
+
+
+def _run(engine: LLMEngine, prompts, params) -> tuple[list, list]:
+    """(outputs in prompt order, plans made ahead); checks the pools after every step."""
+    ahead_plans = []
+    original = engine.scheduler.schedule_ahead
+
+    def recording():
+        plan = original()
+        if plan is not None:
+            ahead_plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule_ahead = recording
+    outputs = engine.generate(
+        prompts, params, on_step=lambda e: e.scheduler.block_manager.check()
+    )
+    manager = engine.scheduler.block_manager
+    assert manager.device.num_free == manager.device.num_blocks
+    assert not engine.scheduler._inflight
+    return [
+        [(o.token_ids, o.finish_reason, o.logprobs, o.cumulative_logprob) for o in out.outputs]
+        for out in outputs
+    ], ahead_plans
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_overlapped_greedy_equals_transformers_under_preemption(
+    tiny_model_dir, contended_prompts, hf_greedy_contended, mode
+):
+    config = engine_config(
+        tiny_model_dir,
+        num_device_blocks=12,
+        max_num_batched_tokens=128,
+        preemption_mode=mode,
+    )
+    engine = LLMEngine(config, overlap_steps=True)
+    sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs, ahead = _run(engine, contended_prompts, sampling)
+    assert [out[0][0] for out in outputs] == hf_greedy_contended
+    assert engine.scheduler.num_preemptions >= 5
+    # Steps really ran ahead, each on tokens only the executor knew when it was planned.
+    assert len(ahead) >= 10
+    assert all(s.token_ids == [PENDING_TOKEN] for p in ahead for s in p.seqs)
+
+
+def test_overlapped_sampling_features_equal_the_synchronous_loop(tiny_model_dir, prompts):
+    # Seeded draws, top-p/top-k, logprobs, penalties, n > 1 forks, best_of, stop tokens that
+    # end samples early (so a step ran ahead for a finished sample) and beam search, in one
+    # batch: every output, logprob and finish reason must match the loop that waits.
+    params = [
+        SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, seed=7, logprobs=2),
+        SamplingParams(max_tokens=20, temperature=1.0, top_k=20, n=3, seed=3),
+        SamplingParams(max_tokens=16, temperature=1.0, n=2, best_of=3, seed=11),
+        SamplingParams(max_tokens=30, temperature=1.0, seed=5, stop_token_ids=list(range(3, 60))),
+        SamplingParams(max_tokens=18, temperature=0.7, presence_penalty=0.5, seed=1),
+        SamplingParams(max_tokens=12, use_beam_search=True, n=2, temperature=0.0),
+        SamplingParams(max_tokens=25, temperature=1.2, frequency_penalty=0.3, seed=9),
+    ]
+    batch = prompts[: len(params)]
+
+    def run(overlap: bool):
+        config = engine_config(tiny_model_dir, num_device_blocks=64, max_num_batched_tokens=128)
+        return _run(LLMEngine(config, overlap_steps=overlap), batch, params)
+
+    synchronous, none_ahead = run(False)
+    overlapped, ahead = run(True)
+    assert not none_ahead
+    assert ahead  # once the beam search ended, the rest decoded ahead
+    assert overlapped == synchronous
+    stopped = [out for out in synchronous[4] if out[1] == "stop"]
+    assert stopped  # the stop tokens did end the sample early
+
+
+def test_overlap_is_off_in_process_unless_asked_and_honours_the_config(tiny_model_dir, prompts):
+    config = engine_config(tiny_model_dir)
+    assert not LLMEngine(config).overlap_steps
+    off = config.__class__(
+        **{**config.__dict__, "scheduler": SchedulerConfig(async_scheduling=False)}
+    )
+    assert not LLMEngine(off, overlap_steps=True).overlap_steps
+
+
+def _scheduler(**overrides) -> Scheduler:
+    ready = ExecutorReady(64, 0, 4, 128, 100, (2,))
+    return Scheduler(SchedulerConfig(**overrides), ready)
+
+
+def _result(plan, token: int = 5) -> StepResult:
+    return StepResult(plan.step_id, [SampledToken(s.seq_id, token) for s in plan.seqs if s.sample])
+
+
+def test_schedule_ahead_only_when_the_next_step_needs_no_result():
+    scheduler = _scheduler(max_num_batched_tokens=6)
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    scheduler.add_request("a", [3, 4, 5, 6], greedy)
+    scheduler.add_request("b", [7, 8, 9, 10, 11], greedy)
+    first = scheduler.schedule()  # a's prompt and a chunk of b's
+    assert scheduler.schedule_ahead() is None  # b's prompt is not done: its next chunk waits
+    with pytest.raises(RuntimeError, match="in flight"):
+        scheduler.schedule()
+    scheduler.update(_result(first))
+    second = scheduler.schedule()  # a decodes, b finishes its prompt
+    scheduler.update(_result(second))
+    third = scheduler.schedule()  # both decode: a its third and last token, b its second
+    assert [s.seq_id for s in third.seqs] == [0, 1]
+    ahead = scheduler.schedule_ahead()
+    # a ends with the token in flight; b's third token can be computed before its second is
+    # known to the scheduler, at the next position.
+    assert [(s.seq_id, s.start_pos, s.token_ids) for s in ahead.seqs] == [
+        (1, third.seqs[1].start_pos + 1, [PENDING_TOKEN])
+    ]
+    assert scheduler.schedule_ahead() is None  # one step ahead at most
+    updates = scheduler.update(_result(third))
+    assert [u.group.request_id for u in updates if u.finished] == ["a"]
+    assert scheduler.schedule_ahead() is None  # b's token in flight is its last
+    [update] = scheduler.update(_result(ahead))
+    assert update.finished and len(update.group.seqs[0].output_token_ids) == 3
+    scheduler.block_manager.check()
+    assert scheduler.block_manager.device.num_free == 64
+
+
+def test_schedule_ahead_waits_while_a_request_waits():
+    scheduler = _scheduler(max_num_seqs=1)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    scheduler.add_request("a", [3, 4, 5], greedy)
+    scheduler.add_request("b", [6, 7], greedy)  # no seat: waits for a
+    scheduler.update(_result(scheduler.schedule()))
+    scheduler.schedule()
+    assert scheduler.waiting
+    assert scheduler.schedule_ahead() is None
