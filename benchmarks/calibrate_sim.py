@@ -151,7 +151,8 @@ def main() -> int:
             print(
                 f"  {name:6s} {entry['num_steps']:3d} steps, measured "
                 f"{entry['measured_total_s']:6.2f} s; peak+overhead total "
-                f"{100 * peak['total_error']:+.1f}% (step |err| {100 * peak['step_mean_abs_error']:.0f}%)"
+                f"{100 * peak['total_error']:+.1f}%"
+                f" (step |err| {100 * peak['step_mean_abs_error']:.0f}%)"
                 f"; effective total {100 * effective['total_error']:+.1f}%"
                 f" (step |err| {100 * effective['step_mean_abs_error']:.0f}%)"
             )

@@ -33,7 +33,9 @@ def capacity(policy: str, overhead_s: float, args: argparse.Namespace) -> dict:
         scheduler=SchedulerConfig(kv_policy=policy, enable_prefix_caching=False),
     )
     engine = LLMEngine(config)
-    trace = synthetic_trace(args.trace, args.num_requests, args.rate, args.seed, engine.scheduler.vocab_size)
+    trace = synthetic_trace(
+        args.trace, args.num_requests, args.rate, args.seed, engine.scheduler.vocab_size
+    )
     result = replay(engine, trace)
     # Without preemption a request computes its prompt and every output token but the last.
     useful = sum(r.prompt_len + r.output_len - 1 for r in result.records)
@@ -68,7 +70,9 @@ def main() -> int:
         base = rows.get("orca-oracle")
         for policy, row in rows.items():
             if base:
-                row["throughput_over_oracle"] = row["output_tokens_per_s"] / base["output_tokens_per_s"]
+                row["throughput_over_oracle"] = (
+                    row["output_tokens_per_s"] / base["output_tokens_per_s"]
+                )
                 row["running_over_oracle"] = row["mean_running_seqs"] / base["mean_running_seqs"]
                 row["step_time_over_oracle"] = row["mean_step_ms"] / base["mean_step_ms"]
             print(

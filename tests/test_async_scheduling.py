@@ -26,9 +26,7 @@ def _run(engine: LLMEngine, prompts, params) -> tuple[list, list]:
         return plan
 
     engine.scheduler.schedule_ahead = recording
-    outputs = engine.generate(
-        prompts, params, on_step=lambda e: e.scheduler.block_manager.check()
-    )
+    outputs = engine.generate(prompts, params, on_step=lambda e: e.scheduler.block_manager.check())
     manager = engine.scheduler.block_manager
     assert manager.device.num_free == manager.device.num_blocks
     assert not engine.scheduler._inflight
