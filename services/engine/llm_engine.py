@@ -129,7 +129,7 @@ class LLMEngine:
             plan = self.loop.plan()
             result = self.executor.execute(plan)
         if self.overlap_steps:
-            ahead = self.scheduler.schedule_ahead()
+            ahead = self.loop.plan_ahead()
             if ahead is not None:  # runs before `plan` is applied, as in the service
                 self._ahead = (ahead, self.executor.execute(ahead))
         t2 = time.perf_counter()

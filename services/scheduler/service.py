@@ -259,7 +259,7 @@ class SchedulerService:
                 # Async scheduling: while `plan` runs, plan the next step if it needs nothing
                 # of this one's result but the sampled tokens; repeat while that holds.
                 while plan is not None:
-                    ahead = scheduler.schedule_ahead() if overlap else None
+                    ahead = loop.plan_ahead() if overlap else None
                     if ahead is not None:
                         await self._submit(ahead)
                     result = await self._await_result(plan)
@@ -272,6 +272,7 @@ class SchedulerService:
                         future.exception()  # retrieved: not an unhandled error
                 self._futures.clear()
                 self._sent_at.clear()
+                loop.forget()
 
     async def _finish_step(self, loop: StepLoop, plan, result: StepResult) -> None:
         now = time.perf_counter()

@@ -23,6 +23,7 @@ class NoProgressError(RuntimeError):
 class _Policy(Protocol):
     def has_unfinished(self) -> bool: ...
     def schedule(self) -> StepPlan: ...
+    def schedule_ahead(self) -> StepPlan | None: ...
     def update(self, result: StepResult) -> list: ...
 
 
@@ -30,20 +31,34 @@ class StepLoop:
     def __init__(self, scheduler: _Policy) -> None:
         self.scheduler = scheduler
         self.num_steps = 0
-        self.schedule_s = 0.0  # last step: schedule() + update()
+        self.schedule_s = 0.0  # the last finished step: its planning + update()
+        self._planning_s: dict[int, float] = {}  # step_id -> seconds spent planning it
 
     def plan(self) -> StepPlan:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
-        self.schedule_s = time.perf_counter() - t0
+        self._planning_s[plan.step_id] = time.perf_counter() - t0
+        return plan
+
+    def plan_ahead(self) -> StepPlan | None:
+        """The next step, planned while the one in flight runs, if it can be (async scheduling)."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule_ahead()
+        if plan is not None:
+            self._planning_s[plan.step_id] = time.perf_counter() - t0
         return plan
 
     def finish(self, plan: StepPlan, result: StepResult) -> list:
         """Apply the result of `plan`; raises NoProgressError when the step did nothing."""
         t0 = time.perf_counter()
         updates = self.scheduler.update(result)
-        self.schedule_s += time.perf_counter() - t0
+        planning = self._planning_s.pop(plan.step_id, 0.0)
+        self.schedule_s = planning + time.perf_counter() - t0
         self.num_steps += 1
         if not plan.seqs and not updates and self.scheduler.has_unfinished():
             raise NoProgressError("the scheduler made no progress with requests pending")
         return updates
+
+    def forget(self) -> None:
+        """Plans in flight were lost (the executor died): drop their planning times."""
+        self._planning_s.clear()

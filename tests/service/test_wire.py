@@ -114,8 +114,30 @@ def test_tuples_and_nested_records_come_back_typed():
 
 def test_foreign_and_stale_envelopes_are_refused():
     with pytest.raises(WireError, match="protocol"):
-        decode(msgpack.packb({"v": PROTOCOL_VERSION + 1, "t": "Shutdown", "d": {"reason": ""}}))
+        decode(msgpack.packb([PROTOCOL_VERSION + 1, "Shutdown", [""]]))
+    with pytest.raises(WireError, match="protocol"):
+        decode(msgpack.packb({"v": PROTOCOL_VERSION, "t": "Shutdown", "d": {"reason": ""}}))
     with pytest.raises(WireError, match="unknown message type"):
-        decode(msgpack.packb({"v": PROTOCOL_VERSION, "t": "Pickle", "d": {}}))
+        decode(msgpack.packb([PROTOCOL_VERSION, "Pickle", []]))
     with pytest.raises(WireError, match="not a protocol message"):
         encode({"some": "dict"})
+
+
+def test_malformed_records_are_wire_errors_not_crashes():
+    # A record with a field missing, or a nested record that is not a list, is refused as a
+    # WireError (a ValueError: the receiving loops drop the message and go on).
+    with pytest.raises(WireError, match="malformed GenerateRequest"):
+        decode(msgpack.packb([PROTOCOL_VERSION, "GenerateRequest", ["req-1", [1, 2]]]))
+    with pytest.raises(WireError, match="malformed StepPlan"):
+        decode(msgpack.packb([PROTOCOL_VERSION, "StepPlan", [1, [7], [], [], [], []]]))
+    with pytest.raises(WireError, match="not a msgpack message"):
+        decode(b"\xc1")
+
+
+def test_records_travel_as_positional_lists():
+    # No field names on the wire: a 256-sequence decode plan stays small.
+    plan = StepPlan(1, [ScheduledSeq(i, [5], 300, [], False, True) for i in range(256)])
+    data = encode(plan)
+    assert len(data) < 16 * 256
+    assert b"seq_id" not in data
+    assert decode(data) == plan
