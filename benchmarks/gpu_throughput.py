@@ -83,9 +83,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_in_process(model_dir: Path, args, prompts, out_lens) -> dict:
+def run_in_process(model_dir: Path, args, prompts, out_lens, enforce_eager: bool = False) -> dict:
     config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype=args.dtype, device=args.device),
+        model=ModelConfig(
+            model=str(model_dir), dtype=args.dtype, device=args.device, enforce_eager=enforce_eager
+        ),
         cache=CacheConfig(kv_cache_bytes=int(args.kv_cache_gb * GiB)),
         scheduler=SchedulerConfig(max_num_seqs=args.num_requests, max_num_batched_tokens=8192),
     )
@@ -262,6 +264,11 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-served", action="store_true")
     parser.add_argument(
+        "--compare-eager",
+        action="store_true",
+        help="also run in-process with --enforce-eager (no CUDA graphs)",
+    )
+    parser.add_argument(
         "--served-sync",
         action="store_true",
         help="also serve with --no-async-scheduling, to compare the two loops",
@@ -279,6 +286,13 @@ def main() -> None:
         for kind in args.workloads:
             prompts, out_lens = workload(kind, args, vocab)
             entry = {"in_process": run_in_process(model_dir, args, prompts, out_lens)}
+            if args.compare_eager:  # CUDA graphs (the default on CUDA) against eager steps
+                entry["in_process_eager"] = run_in_process(
+                    model_dir, args, prompts, out_lens, enforce_eager=True
+                )
+                entry["graphs_over_eager"] = (
+                    entry["in_process"]["tok_per_s"] / entry["in_process_eager"]["tok_per_s"]
+                )
             if not args.skip_served:
                 # Async scheduling (the default) and the synchronous loop, side by side.
                 for key, overlap in (("served", True), ("served_sync", False)):

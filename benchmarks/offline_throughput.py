@@ -62,7 +62,7 @@ def matmul_params_per_token(model_dir: Path) -> int:
 
 def run_ours(args, model_dir: Path, prompts: list[list[int]], lengths: list[int]) -> dict:
     config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32"),
+        model=ModelConfig(model=str(model_dir), dtype="float32", quantization=args.quantization),
         cache=CacheConfig(block_size=args.block_size, kv_cache_bytes=int(args.kv_cache_gb * GiB)),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
@@ -148,6 +148,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--varied-output", action="store_true", help="per-request output lengths")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "int8", "int4", "auto"],
+        help="our weights (default none: fp32, like transformers')",
+    )
     parser.add_argument("--output", default="benchmarks/results/offline_throughput.json")
     args = parser.parse_args()
 
@@ -205,6 +211,7 @@ def main() -> None:
                 for k in ("num_prompts", "input_len", "output_len", "hf_batch_size")
             },
             "varied_output": args.varied_output,
+            "quantization": args.quantization,
             "output_tokens_requested": sum(lengths),
         },
         "matmul_gflops": gflops,

@@ -29,10 +29,13 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=100)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--quantization", default="none", help="none (fp32), int8, int4, auto")
     parser.add_argument("--json", default="benchmarks/results/profile_decode_step.json")
     args = parser.parse_args()
 
-    engine = LLMEngine(EngineConfig(model=ModelConfig(model=args.model)))
+    engine = LLMEngine(
+        EngineConfig(model=ModelConfig(model=args.model, quantization=args.quantization))
+    )
     rng = random.Random(0)
     vocab = engine.executor.model.spec.vocab_size
     sampling = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)

@@ -33,6 +33,9 @@ class ModelConfig:
     # (CPU kernels); auto picks the measured default for the embedded model on a CPU and none
     # otherwise (services/executor/quantize_model.py).
     quantization: str = "auto"
+    # On CUDA, decode steps replay captured graphs (services/executor/cuda_graphs.py); True
+    # runs every step eagerly.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

@@ -39,6 +39,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="paged-attention kernels: auto = triton on CUDA, the torch reference on CPU",
     )
     model.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="CUDA: run every decode step eagerly instead of replaying captured CUDA graphs",
+    )
+    model.add_argument(
         "--quantization",
         default="auto",
         choices=["auto", "none", "int8", "int4"],
@@ -136,6 +141,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             device=args.device,
             attention_backend=args.attention_backend,
             quantization=args.quantization,
+            enforce_eager=args.enforce_eager,
         ),
         cache=CacheConfig(
             block_size=args.block_size,
@@ -209,6 +215,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         argv.append("--no-prefix-caching")
     if not args.async_scheduling:
         argv.append("--no-async-scheduling")
+    if args.enforce_eager:
+        argv.append("--enforce-eager")
     if args.tp_external_workers:
         argv.append("--tp-external-workers")
     return argv

@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 
 from kernels.ops import select_ops
 from services.executor.block_tables import DeviceBlockTables
+from services.executor.cuda_graphs import DecodeGraphs
 from services.executor.grammar import GrammarCompiler
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
@@ -32,6 +34,8 @@ from shared import wire
 from shared.config import EngineConfig
 from shared.model_source import source_gguf
 from shared.protocol import PENDING_TOKEN, ExecutorReady, StepPlan, StepResult
+
+log = logging.getLogger("pagedserve.executor")
 
 DTYPES = {
     "float32": torch.float32,
@@ -97,6 +101,31 @@ class Executor:
         )
         self._grammars: GrammarCompiler | None = None
         self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
+        self.graphs = self._capture_graphs(config)
+
+    def _capture_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
+        """CUDA graphs for decode steps, where they apply: a CUDA device, the Triton kernels, one
+        rank (collectives are not captured here) and no --enforce-eager. A failed capture is
+        logged and the executor runs eagerly: graphs are an optimisation, never a requirement."""
+        if (
+            config.model.enforce_eager
+            or self.device.type != "cuda"
+            or self.ops.name != "triton"
+            or self.shard.size > 1
+            or self.quantization != "none"
+        ):
+            return None
+        try:
+            return DecodeGraphs(
+                self.model,
+                self.cache.device,
+                self.cache.block_size,
+                self.block_tables.max_blocks,
+                config.scheduler.max_num_seqs,
+            )
+        except Exception:  # noqa: BLE001 - any failure means: run eagerly
+            log.exception("CUDA graph capture failed; decode steps run eagerly")
+            return None
 
     # ---- tensor parallelism -----------------------------------------------------------------
     def _join_ranks(self, config: EngineConfig, rank: int) -> Shard:
@@ -248,9 +277,15 @@ class Executor:
         batch = self.sampling.build(draws) if draws else None
         timer.mark("prepare")
         with torch.inference_mode():
-            hidden = self.model(
-                inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
+            decode_only = inputs.attention.max_query_len == 1 and len(sampling_seqs) == len(
+                plan.seqs
             )
+            if self.graphs is not None and decode_only and self.graphs.bucket(len(plan.seqs)):
+                hidden = self.graphs.run(inputs.input_ids, inputs.attention)
+            else:
+                hidden = self.model(
+                    inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
+                )
             logits = None
             if sampling_seqs:  # every rank: the LM head is split by vocabulary
                 logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [rows, vocab]
