@@ -142,3 +142,19 @@ def test_schedule_ahead_waits_while_a_request_waits():
     scheduler.schedule()
     assert scheduler.waiting
     assert scheduler.schedule_ahead() is None
+
+
+def test_a_plan_that_fails_on_its_pending_tokens_still_releases_freed_sequences(tiny_model_dir):
+    # A step ahead can fail (its pending token's step failed first); the sequences the
+    # scheduler freed with it are never named again, so the executor must drop them anyway.
+    from shared.protocol import ScheduledSeq, StepPlan
+
+    executor = LLMEngine(engine_config(tiny_model_dir)).executor
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    first = StepPlan(0, [ScheduledSeq(9, [3, 4, 5], 0, [1], True, True, sampling=greedy)])
+    assert executor.execute(first).error is None
+    assert 9 in executor.block_tables and 9 in executor.sampling.seqs
+    ahead = StepPlan(1, [ScheduledSeq(5, [PENDING_TOKEN], 3, [2], True, True)], freed_seq_ids=[9])
+    result = executor.execute(ahead)
+    assert result.error is not None and "no sampled token" in result.error
+    assert 9 not in executor.block_tables and 9 not in executor.sampling.seqs

@@ -201,6 +201,12 @@ class Executor:
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply the plan; a failure becomes StepResult.error so its requests end, not hang."""
         try:
+            # First, so that a plan failing below still releases what the scheduler freed
+            # (it never names those ids again); _execute forgets them again, harmlessly.
+            for seq_id in plan.freed_seq_ids:
+                self.block_tables.forget(seq_id)
+                self.sampling.forget(seq_id)
+                self._last_sampled.pop(seq_id, None)
             plan = self._fill_pending_tokens(plan)
             if self.shard.size > 1 and self.shard.is_driver:
                 if not self.ranks_alive():
@@ -223,8 +229,6 @@ class Executor:
         """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
         token this executor sampled for that sequence in the previous step. Returns a copy with
         them filled in (the caller's plan is left as it was sent)."""
-        for seq_id in plan.freed_seq_ids:
-            self._last_sampled.pop(seq_id, None)
         seqs = []
         for seq in plan.seqs:
             if PENDING_TOKEN in seq.token_ids:

@@ -200,8 +200,8 @@ class BlockManager:
     def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
         """Offer the sequence's full blocks whose K/V are now written to the prefix cache.
 
-        Called once the step that wrote them is reported (one plan is in flight at a time), so a
-        block is never found before its K/V exist.
+        Called once the step that wrote them is reported, so a block is never found before its
+        K/V exist (lookups happen only in schedule(), which never runs with a step in flight).
         """
         if self.prefix_cache is None:
             return

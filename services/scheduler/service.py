@@ -388,7 +388,9 @@ class SchedulerService:
                         log.error("executor stopped responding; failing step %d", plan.step_id)
                         return StepResult(plan.step_id, [], error="the executor stopped responding")
         finally:
-            self._futures.pop(plan.step_id, None)
+            future = self._futures.pop(plan.step_id, None)
+            if future is not None and future.done() and not future.cancelled():
+                future.exception()  # retrieved (an ExecutorLost we raised ourselves)
 
     async def _heartbeat(self) -> None:
         while True:

@@ -132,6 +132,15 @@ def test_malformed_records_are_wire_errors_not_crashes():
         decode(msgpack.packb([PROTOCOL_VERSION, "StepPlan", [1, [7], [], [], [], []]]))
     with pytest.raises(WireError, match="not a msgpack message"):
         decode(b"\xc1")
+    # Requests are checked field by field: no sampling parameters, an unhashable id.
+    with pytest.raises(WireError, match="field sampling"):
+        decode(msgpack.packb([PROTOCOL_VERSION, "GenerateRequest", ["r", [5, 6], None, 0.0]]))
+    with pytest.raises(WireError, match="field request_id"):
+        decode(msgpack.packb([PROTOCOL_VERSION, "AbortRequest", [["r"]]]))
+    # A fixed-length tuple of the wrong length.
+    bad_swap = [1, [], [[1, 2, 3]], [], [], []]
+    with pytest.raises(WireError, match="tuple of 2"):
+        decode(msgpack.packb([PROTOCOL_VERSION, "StepPlan", bad_swap]))
 
 
 def test_records_travel_as_positional_lists():
