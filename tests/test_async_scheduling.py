@@ -133,15 +133,31 @@ def test_schedule_ahead_only_when_the_next_step_needs_no_result():
     assert scheduler.block_manager.device.num_free == 64
 
 
-def test_schedule_ahead_waits_while_a_request_waits():
+def test_schedule_ahead_waits_only_for_a_request_that_could_start():
     scheduler = _scheduler(max_num_seqs=1)
-    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     scheduler.add_request("a", [3, 4, 5], greedy)
-    scheduler.add_request("b", [6, 7], greedy)  # no seat: waits for a
-    scheduler.update(_result(scheduler.schedule()))
-    scheduler.schedule()
+    scheduler.add_request("b", [6, 7], greedy)  # no seat while a runs
+    scheduler.update(_result(scheduler.schedule()))  # a's prompt; b waits
+    second = scheduler.schedule()
     assert scheduler.waiting
-    assert scheduler.schedule_ahead() is None
+    # b could not start now either (no seat): a's next token runs ahead regardless.
+    ahead = scheduler.schedule_ahead()
+    assert [s.seq_id for s in ahead.seqs] == [s.seq_id for s in second.seqs]
+    scheduler.update(_result(second))
+    [update] = scheduler.update(_result(ahead))
+    assert update.finished and update.group.request_id == "a"
+    # a has left: the next step is synchronous and admits b at once.
+    third = scheduler.schedule()
+    assert [s.token_ids for s in third.seqs] == [[6, 7]]
+
+    roomy = _scheduler(max_num_seqs=4)
+    roomy.add_request("a", [3, 4, 5], greedy)
+    first = roomy.schedule()
+    roomy.update(_result(first))
+    roomy.schedule()
+    roomy.add_request("b", [6, 7], greedy)  # arrives while a decodes; a seat is free
+    assert roomy.schedule_ahead() is None  # b starts in the next step, which must wait
 
 
 def test_a_plan_that_fails_on_its_pending_tokens_still_releases_freed_sequences(tiny_model_dir):

@@ -4,7 +4,8 @@ While the executor runs step N the scheduler may already plan step N+1, but only
 plan without N's outcome: every sequence of N decodes one more token whose id the executor
 alone knows yet (it sampled it in N), so the plan carries PENDING_TOKEN in its place. Anything
 that needs N's outcome (a beam step, a fork, a grammar, admitting or resuming a request,
-preemption, a prompt chunk) waits for a synchronous step. A sequence that N's token ends (eos,
+preemption, a prompt chunk) waits for a synchronous step; Scheduler.schedule_ahead adds the
+conditions on the pools and the queues. A sequence that N's token ends (eos,
 a stop token) wastes one token of N+1; the scheduler drops it when N+1 is reported.
 """
 

@@ -263,10 +263,15 @@ class Scheduler:
         """Plan the next step while the one in flight runs (async scheduling), or None when the
         next step needs this one's result (see lookahead.py): then wait for it and schedule().
 
-        Only with exactly one step in flight, nothing waiting or swapped, and a free block for
-        every sequence that crosses into a new one: it never admits, resumes or preempts.
+        Only with exactly one step in flight, no queued request that schedule() could admit or
+        swap in now, and a free block for every sequence that crosses into a new one: it never
+        admits, resumes or preempts. (A queued request that cannot start now, for want of a
+        seat, blocks or budget, does not stop it: schedule() would not start it either, and the
+        first step after room appears is a synchronous one.)
         """
-        if len(self._inflight) != 1 or self.waiting or self.swapped or self._pending_updates:
+        if len(self._inflight) != 1 or self._pending_updates:
+            return None
+        if (self.waiting or self.swapped) and self._could_start_queued():
             return None
         (entries,) = self._inflight.values()
         ahead = lookahead_seqs(entries, self.running, self.max_seq_len)
@@ -295,6 +300,23 @@ class Scheduler:
         self._inflight_victims[plan.step_id] = []
         self._next_step_id += 1
         return plan
+
+    def _could_start_queued(self) -> bool:
+        """Whether schedule() might admit or swap in the head of the queues now. Errs towards
+        True (a synchronous step is only slower; a wrong False would delay the request)."""
+        swapped_first = bool(self.swapped) and (
+            not self.waiting or self.swapped[0].arrival < self.waiting[0].arrival
+        )
+        group = self.swapped[0] if swapped_first else self.waiting[0]
+        decoding = sum(len(g.live_seqs()) for g in self.running)
+        if not self._has_seats(group) or self.token_budget - decoding <= 0:
+            return False
+        if swapped_first:
+            seq_ids = [s.seq_id for s in group.live_seqs()]
+            return self._fits(self.block_manager.num_blocks_of(seq_ids, cpu=True))
+        reused = self.prefix_reuse.lookup(self.block_manager, group)
+        need = self.block_manager.admission_blocks(group, reused)
+        return self._fits(need) and self.block_manager.can_admit(group, need)
 
     def _budget_order(self) -> list[SequenceGroup]:
         """Running groups in the order they draw on the token budget. decode-first: groups whose
