@@ -133,7 +133,8 @@ class RequestRun:
                     arrival_time=self.arrival,
                 )
                 self._iter = aiter(self.state.backend.generate(request))
-            delta = await asyncio.wait_for(anext(self._iter), self._time_left())
+            async with asyncio.timeout(self._time_left()):  # once per delta: no task per wait
+                delta = await anext(self._iter)
         except TimeoutError:
             # Leaving unfinished makes __aexit__ abort it, which frees its blocks.
             self._done = self._failed = True

@@ -95,7 +95,12 @@ class ZmqBackend:
                 await send(self._requests, request)
             while True:
                 try:
-                    delta = await asyncio.wait_for(queue.get(), 1.0)
+                    # get_nowait first and asyncio.timeout, not wait_for: this runs once per token
+                    # of every stream, and wait_for wraps each wait in a new task.
+                    delta = queue.get_nowait() if not queue.empty() else None
+                    if delta is None:
+                        async with asyncio.timeout(1.0):
+                            delta = await queue.get()
                 except TimeoutError:
                     if not (self.ready or self.degraded):
                         raise BackendGone("the scheduler or executor stopped responding") from None
