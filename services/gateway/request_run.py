@@ -133,8 +133,12 @@ class RequestRun:
                     arrival_time=self.arrival,
                 )
                 self._iter = aiter(self.state.backend.generate(request))
-            async with asyncio.timeout(self._time_left()):  # once per delta: no task per wait
+            left = self._time_left()
+            if left is None:  # no request timeout: no timer per delta either
                 delta = await anext(self._iter)
+            else:
+                async with asyncio.timeout(left):  # not wait_for: no task per delta
+                    delta = await anext(self._iter)
         except TimeoutError:
             # Leaving unfinished makes __aexit__ abort it, which frees its blocks.
             self._done = self._failed = True

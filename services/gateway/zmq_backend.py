@@ -27,6 +27,7 @@ from shared.protocol import (
 )
 
 log = logging.getLogger("pagedserve.gateway")
+LIVENESS_CHECK_S = 1.0
 HEARTBEAT_TIMEOUT_S = 5.0  # the scheduler beats every second; five missed beats mean it is gone
 
 
@@ -52,9 +53,10 @@ class ZmqBackend:
         self._send_lock = asyncio.Lock()
         self._reader = asyncio.create_task(self._read())
         self._watch = asyncio.create_task(PeerWatch(self._requests, self._on_scheduler_lost).run())
+        self._liveness = asyncio.create_task(self._watch_liveness())
 
     async def close(self) -> None:
-        for task in (self._reader, getattr(self, "_watch", None)):
+        for task in (self._reader, getattr(self, "_watch", None), getattr(self, "_liveness", None)):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -94,17 +96,9 @@ class ZmqBackend:
             async with self._send_lock:
                 await send(self._requests, request)
             while True:
-                try:
-                    # get_nowait first and asyncio.timeout, not wait_for: this runs once per token
-                    # of every stream, and wait_for wraps each wait in a new task.
-                    delta = queue.get_nowait() if not queue.empty() else None
-                    if delta is None:
-                        async with asyncio.timeout(1.0):
-                            delta = await queue.get()
-                except TimeoutError:
-                    if not (self.ready or self.degraded):
-                        raise BackendGone("the scheduler or executor stopped responding") from None
-                    continue
+                # No timeout per token (this runs once per token of every stream): a dead or
+                # silent backend ends the streams through _watch_liveness and _on_scheduler_lost.
+                delta = await queue.get()
                 if isinstance(delta, BackendGone):
                     raise delta
                 yield delta
@@ -115,9 +109,18 @@ class ZmqBackend:
             self._unacked.discard(request.request_id)
 
     def fail_all(self, reason: str) -> None:
-        """End every open stream with BackendGone (the gateway is shutting down)."""
+        """End every open stream with BackendGone (shutdown, or the backend is gone)."""
         for queue in self._queues.values():
             queue.put_nowait(BackendGone(reason))
+
+    async def _watch_liveness(self) -> None:
+        """Once a second: while the backend is neither ready nor replacing its executor (its
+        heartbeat stopped, or its executor is dead for good), end every open stream."""
+        while True:
+            await asyncio.sleep(LIVENESS_CHECK_S)
+            if self._queues and not (self.ready or self.degraded):
+                log.error("the backend stopped responding; ending %d streams", len(self._queues))
+                self.fail_all("the scheduler or executor stopped responding")
 
     def _on_scheduler_lost(self) -> None:
         # Its requests died with it: end their streams now rather than after missed heartbeats,
