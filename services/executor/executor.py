@@ -229,13 +229,16 @@ class Executor:
         """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
         token this executor sampled for that sequence in the previous step. Returns a copy with
         them filled in (the caller's plan is left as it was sent)."""
-        seqs = []
-        for seq in plan.seqs:
-            if PENDING_TOKEN in seq.token_ids:
-                if seq.token_ids != [PENDING_TOKEN] or seq.seq_id not in self._last_sampled:
-                    raise ValueError(f"sequence {seq.seq_id}: no sampled token for its input")
-                seq = dataclasses.replace(seq, token_ids=[self._last_sampled[seq.seq_id]])
-            seqs.append(seq)
+        # A pending token is always a decode's only input: no scan of long prompt chunks.
+        pending = [i for i, s in enumerate(plan.seqs) if s.token_ids[-1:] == [PENDING_TOKEN]]
+        if not pending:
+            return plan
+        seqs = list(plan.seqs)
+        for i in pending:
+            seq = seqs[i]
+            if len(seq.token_ids) != 1 or seq.seq_id not in self._last_sampled:
+                raise ValueError(f"sequence {seq.seq_id}: no sampled token for its input")
+            seqs[i] = dataclasses.replace(seq, token_ids=[self._last_sampled[seq.seq_id]])
         return dataclasses.replace(plan, seqs=seqs)
 
     def _execute(self, plan: StepPlan) -> StepResult:
