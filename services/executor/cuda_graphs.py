@@ -111,12 +111,11 @@ class DecodeGraphs:
         self.slot_mapping[:n].copy_(meta.slot_mapping)
         self.seq_lens[:n].copy_(meta.seq_lens)
         self.block_tables[:n, :width].copy_(meta.block_tables)
-        # Padding rows: write nowhere, attend to nothing. (Columns past a row's length are
-        # never read, so stale block ids there are harmless.)
+        # Padding rows: write nowhere, attend to nothing. Their token ids and positions are
+        # whatever valid ones an earlier step left there (their outputs are dropped), and
+        # columns past a row's length are never read.
         self.slot_mapping[n:b].fill_(-1)
         self.seq_lens[n:b].fill_(0)
-        self.input_ids[n:b].fill_(0)
-        self.positions[n:b].fill_(0)
         if not self.capture:
             return self._forward(b)[:n]
         graph, hidden = self._graphs[b]

@@ -201,12 +201,9 @@ class Executor:
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply the plan; a failure becomes StepResult.error so its requests end, not hang."""
         try:
-            # First, so that a plan failing below still releases what the scheduler freed
-            # (it never names those ids again); _execute forgets them again, harmlessly.
-            for seq_id in plan.freed_seq_ids:
-                self.block_tables.forget(seq_id)
-                self.sampling.forget(seq_id)
-                self._last_sampled.pop(seq_id, None)
+            # Before the pending tokens are filled in, which may fail: the scheduler never names
+            # the freed ids again, so a failed plan must still release them.
+            self._forget(plan.freed_seq_ids)
             plan = self._fill_pending_tokens(plan)
             if self.shard.size > 1 and self.shard.is_driver:
                 if not self.ranks_alive():
@@ -224,6 +221,14 @@ class Executor:
                 # and is replaced like any dead executor.
                 self._broken = True
             return StepResult(plan.step_id, [], error=f"{type(exc).__name__}: {exc}")
+
+    def _forget(self, seq_ids: list[int]) -> None:
+        """The scheduler freed these sequences: drop their tables and (rank 0) their state."""
+        for seq_id in seq_ids:
+            self.block_tables.forget(seq_id)
+            if self.shard.is_driver:
+                self.sampling.forget(seq_id)
+                self._last_sampled.pop(seq_id, None)
 
     def _fill_pending_tokens(self, plan: StepPlan) -> StepPlan:
         """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
@@ -244,10 +249,8 @@ class Executor:
     def _execute(self, plan: StepPlan) -> StepResult:
         timer = PhaseTimer(self.device)
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
-        for seq_id in plan.freed_seq_ids:
-            self.block_tables.forget(seq_id)
-            if driver:
-                self.sampling.forget(seq_id)
+        if not driver:
+            self._forget(plan.freed_seq_ids)  # rank 0 did it in execute()
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
         for seq in plan.seqs:
             if seq.seq_id not in self.block_tables:

@@ -28,8 +28,8 @@ def lookahead_seqs(
 ) -> list[_Entry] | None:
     """The entries of the step in flight whose sequences decode again in the next step, or None
     when the next step must wait for this one's result."""
-    live = [s for g in running for s in g.live_seqs()]
-    if len(live) != sum(1 for e in entries if not e.seq.is_finished):
+    num_live = sum(len(g.live_seqs()) for g in running)
+    if num_live != sum(1 for e in entries if not e.seq.is_finished):
         return None  # a running sequence has no share of the step in flight
     ahead = []
     for entry in entries:

@@ -289,17 +289,7 @@ class Scheduler:
             seqs.append(
                 ScheduledSeq(seq_id, [PENDING_TOKEN], position, block_ids, replace, sample=True)
             )
-        plan = StepPlan(
-            step_id=self._next_step_id,
-            seqs=seqs,
-            copies=self.block_manager.take_copies(),
-            freed_seq_ids=self._freed_seq_ids,
-        )
-        self._freed_seq_ids = []
-        self._inflight[plan.step_id] = new_entries
-        self._inflight_victims[plan.step_id] = []
-        self._next_step_id += 1
-        return plan
+        return self._issue(seqs, new_entries, [], [], [])
 
     def _could_start_queued(self) -> bool:
         """Whether schedule() might admit or swap in the head of the queues now. Errs towards
@@ -562,6 +552,18 @@ class Scheduler:
                 )
             )
             seq.announced = True
+        return self._issue(seqs, entries, swap_out, swap_in, victims)
+
+    def _issue(
+        self,
+        seqs: list[ScheduledSeq],
+        entries: list[_Entry],
+        swap_out: list[tuple[int, int]],
+        swap_in: list[tuple[int, int]],
+        victims: list[SequenceGroup],
+    ) -> StepPlan:
+        """The plan of these scheduled sequences, with the pending copies and freed ids; it is
+        in flight from now until update() takes its result."""
         plan = StepPlan(
             step_id=self._next_step_id,
             seqs=seqs,

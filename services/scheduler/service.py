@@ -106,8 +106,8 @@ class SchedulerService:
         self.scheduler: Scheduler | None = None
         self._work = asyncio.Event()
         self._send_lock = asyncio.Lock()
-        self._futures: dict[int, asyncio.Future[StepResult]] = {}  # step_id -> its result
-        self._sent_at: dict[int, float] = {}  # step_id -> perf_counter() when sent
+        # step_id -> (its result, perf_counter() when the plan was sent), for plans in flight
+        self._in_flight: dict[int, tuple[asyncio.Future[StepResult], float]] = {}
         self._last_result_at = 0.0
         self._executor_seen = time.monotonic()
         self._stopping = asyncio.Event()
@@ -230,7 +230,7 @@ class SchedulerService:
                 self._executor_back.set()
             elif isinstance(message, StepResult):
                 # A result that arrives after its step was given up on must not end another.
-                future = self._futures.get(message.step_id)
+                future, _ = self._in_flight.get(message.step_id, (None, 0.0))
                 if future is not None and not future.done():
                     future.set_result(message)
                 elif future is None:
@@ -262,21 +262,19 @@ class SchedulerService:
                     ahead = loop.plan_ahead() if overlap else None
                     if ahead is not None:
                         await self._submit(ahead)
-                    result = await self._await_result(plan)
-                    await self._finish_step(loop, plan, result)
+                    result, sent = await self._await_result(plan)
+                    await self._finish_step(loop, plan, result, sent)
                     plan = ahead
             except ExecutorLost:
                 # Plans in flight die with the executor; their groups are recomputed.
-                for future in self._futures.values():
+                for future, _ in self._in_flight.values():
                     if future.done() and not future.cancelled():
                         future.exception()  # retrieved: not an unhandled error
-                self._futures.clear()
-                self._sent_at.clear()
+                self._in_flight.clear()
                 loop.forget()
 
-    async def _finish_step(self, loop: StepLoop, plan, result: StepResult) -> None:
+    async def _finish_step(self, loop: StepLoop, plan, result: StepResult, sent: float) -> None:
         now = time.perf_counter()
-        sent = self._sent_at.pop(plan.step_id, now)
         # Overlapped steps run back to back: one step's share of the wall clock starts when the
         # previous result arrived, not when its plan was sent.
         wall = now - max(sent, self._last_result_at)
@@ -297,7 +295,7 @@ class SchedulerService:
             return
         log.error("the executor's connection closed; waiting for a new executor")
         self._executor_up = False
-        for future in self._futures.values():
+        for future, _ in self._in_flight.values():
             if not future.done():
                 future.set_exception(ExecutorLost())
         self._work.set()  # an idle step loop wakes up to wait for the replacement
@@ -360,8 +358,7 @@ class SchedulerService:
         executor would wait forever, so it is bounded; a silent executor fails the step.
         Raises ExecutorLost when the executor's connection closes meanwhile."""
         future = asyncio.get_running_loop().create_future()
-        self._futures[plan.step_id] = future
-        self._sent_at[plan.step_id] = time.perf_counter()
+        self._in_flight[plan.step_id] = (future, time.perf_counter())
         while True:
             if not self._executor_up:
                 raise ExecutorLost()
@@ -370,26 +367,24 @@ class SchedulerService:
                 return
             except TimeoutError:
                 if not self._executor_alive():
-                    log.error("executor stopped responding; failing step %d", plan.step_id)
-                    error = StepResult(plan.step_id, [], error="the executor stopped responding")
-                    future.set_result(error)
+                    future.set_result(_no_response(plan.step_id))
                     return
 
-    async def _await_result(self, plan) -> StepResult:
-        future = self._futures[plan.step_id]
+    async def _await_result(self, plan) -> tuple[StepResult, float]:
+        """(the plan's result, when it was sent); raises ExecutorLost like _submit."""
+        future, sent = self._in_flight[plan.step_id]
         try:
             while True:
                 if not self._executor_up:
                     raise ExecutorLost()
                 try:
-                    return await asyncio.wait_for(asyncio.shield(future), HEARTBEAT_S)
+                    return await asyncio.wait_for(asyncio.shield(future), HEARTBEAT_S), sent
                 except TimeoutError:
                     if not self._executor_alive():
-                        log.error("executor stopped responding; failing step %d", plan.step_id)
-                        return StepResult(plan.step_id, [], error="the executor stopped responding")
+                        return _no_response(plan.step_id), sent
         finally:
-            future = self._futures.pop(plan.step_id, None)
-            if future is not None and future.done() and not future.cancelled():
+            del self._in_flight[plan.step_id]
+            if future.done() and not future.cancelled():
                 future.exception()  # retrieved (an ExecutorLost we raised ourselves)
 
     async def _heartbeat(self) -> None:
@@ -450,6 +445,12 @@ class SchedulerService:
             prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
             prefix_cache_blocks=s.block_manager.num_cached_blocks,
         )
+
+
+def _no_response(step_id: int) -> StepResult:
+    """A step failed for want of an answer: its requests end with an error instead of hanging."""
+    log.error("executor stopped responding; failing step %d", step_id)
+    return StepResult(step_id, [], error="the executor stopped responding")
 
 
 def main(argv: list[str] | None = None) -> int:
