@@ -8,7 +8,11 @@ the tokens it streamed is its cost per token, which contention on a small machin
 inflate the way wall-clock rates are; its inverse is the most tokens per second one gateway
 process can stream on this CPU.
 
-    .venv/bin/python benchmarks/gateway_cost.py --compare-ref 3c8ae27 \\
+With --gateways 1,2 it also runs two gateway processes sharing the port (SO_REUSEPORT, as
+`pagedserve serve --gateways 2` does), summing their CPU: the same cost per token means the
+work splits without being duplicated, so N processes on N free cores stream N times as much.
+
+    .venv/bin/python benchmarks/gateway_cost.py --gateways 1,2 \\
         --json benchmarks/results/gateway_cost.json
 """
 
@@ -32,10 +36,11 @@ import zmq.asyncio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shared.ipc import Addresses, make_socket, recv, send  # noqa: E402
+from shared.ipc import Addresses, make_socket, recv_from, send_to  # noqa: E402
 from shared.model_source import resolve_model  # noqa: E402
 from shared.protocol import (  # noqa: E402
     ExecutorReady,
+    GatewayHello,
     GenerateRequest,
     RequestDelta,
     SchedulerReady,
@@ -53,43 +58,47 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class StandInScheduler:
-    """Acknowledges requests, then one token per live request per step."""
+    """Acknowledges requests, then one token per live request per step, each request's deltas
+    to the gateway that sent it (as the real scheduler routes them)."""
 
     def __init__(self, addresses: Addresses, step_s: float, vocab: int) -> None:
         ctx = zmq.asyncio.Context()
-        self.requests = make_socket(ctx, zmq.PULL, addresses.requests, bind=True)
-        self.deltas = make_socket(ctx, zmq.PUSH, addresses.deltas, bind=True)
+        self.sock = make_socket(ctx, zmq.ROUTER, addresses.gateway, bind=True)
         self.step_s = step_s
-        self.live: dict[str, list[int]] = {}  # request_id -> [tokens left, prompt length]
+        # request_id -> [tokens left, prompt length, its gateway]
+        self.live: dict[str, list] = {}
         self.ready = SchedulerReady(ExecutorReady(4096, 0, 16, 4096, vocab, (2,)), 1024, MODEL_NAME)
         self.steps = 0
+        self.tokens_by_gateway: dict[bytes, int] = {}
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(len(self.live), 0, 0, 0, 4096, 0, self.steps)
 
     async def run(self) -> None:
-        await send(self.deltas, self.ready)
         await asyncio.gather(self._intake(), self._steps())
 
     async def _intake(self) -> None:
         while True:
-            message = await recv(self.requests)
-            if isinstance(message, GenerateRequest):
+            peer, message = await recv_from(self.sock)
+            if isinstance(message, GatewayHello):
+                await send_to(self.sock, peer, self.ready)
+                await send_to(self.sock, peer, TokenDeltas([], self.stats()))
+            elif isinstance(message, GenerateRequest):
                 prompt_len = len(message.prompt_token_ids)
-                self.live[message.request_id] = [message.sampling.max_tokens, prompt_len]
+                self.live[message.request_id] = [message.sampling.max_tokens, prompt_len, peer]
                 ack = RequestDelta(message.request_id, [], False, num_prompt_tokens=prompt_len)
-                await send(self.deltas, TokenDeltas([ack], self.stats()))
+                await send_to(self.sock, peer, TokenDeltas([ack], self.stats()))
 
     async def _steps(self) -> None:
         while True:
             await asyncio.sleep(self.step_s)
-            deltas = []
+            by_gateway: dict[bytes, list[RequestDelta]] = {}
             for request_id, state in list(self.live.items()):
                 state[0] -= 1
                 token = 300 + (self.steps + len(request_id)) % 200  # ordinary vocabulary ids
                 finished = state[0] == 0
                 reason = "length" if finished else None
-                deltas.append(
+                by_gateway.setdefault(state[2], []).append(
                     RequestDelta(
                         request_id,
                         [SeqDelta(0, [token], [], reason)],
@@ -100,7 +109,9 @@ class StandInScheduler:
                 if finished:
                     del self.live[request_id]
             self.steps += 1
-            await send(self.deltas, TokenDeltas(deltas, self.stats()))
+            for peer, deltas in by_gateway.items():
+                self.tokens_by_gateway[peer] = self.tokens_by_gateway.get(peer, 0) + len(deltas)
+                await send_to(self.sock, peer, TokenDeltas(deltas, self.stats()))
 
 
 async def stream_all(url: str, num_streams: int, max_tokens: int) -> tuple[int, int, float]:
@@ -131,7 +142,8 @@ async def stream_all(url: str, num_streams: int, max_tokens: int) -> tuple[int, 
         return tokens, chunks
 
     timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(limit=0)  # every stream at once (the default caps at 100)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         start = time.perf_counter()
         counts = await asyncio.gather(*(one(session, i) for i in range(num_streams)))
         seconds = time.perf_counter() - start
@@ -141,31 +153,36 @@ async def stream_all(url: str, num_streams: int, max_tokens: int) -> tuple[int, 
     return tokens, sum(c for _, c in counts), seconds
 
 
-async def wait_ready(url: str, deadline_s: float = 120.0) -> None:
+async def wait_ready(url: str, ready_files: list[Path], deadline_s: float = 120.0) -> None:
     deadline = time.monotonic() + deadline_s
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             try:
                 async with session.get(f"{url}/health") as resp:
-                    if resp.status == 200:
+                    if resp.status == 200 and all(f.exists() for f in ready_files):
                         return
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.2)
-    raise RuntimeError("the gateway did not become ready")
+    raise RuntimeError("the gateways did not become ready")
 
 
-async def measure(args, addresses: Addresses, url: str, pid: int) -> list[dict]:
+async def measure(
+    args, addresses: Addresses, url: str, pids: list[int], ready_files: list[Path]
+) -> list[dict]:
     scheduler = StandInScheduler(addresses, args.step_ms / 1e3, vocab=49152)
     task = asyncio.create_task(scheduler.run())
     try:
-        await wait_ready(url)
-        await stream_all(url, 4, 8)  # warm-up: first-request costs (tokenizer, imports)
+        await wait_ready(url, ready_files)
+        for _ in range(len(pids)):  # warm-up: first-request costs (tokenizer, imports)
+            await stream_all(url, 8, 8)
         rounds = []
         for num_streams in (int(x) for x in args.streams.split(",")):
-            cpu0 = _cpu_seconds(pid)
+            cpu0 = sum(_cpu_seconds(pid) for pid in pids)
+            scheduler.tokens_by_gateway.clear()
             tokens, chunks, seconds = await stream_all(url, num_streams, args.max_tokens)
-            cpu = _cpu_seconds(pid) - cpu0
+            cpu = sum(_cpu_seconds(pid) for pid in pids) - cpu0
+            split = sorted(scheduler.tokens_by_gateway.values(), reverse=True)
             rounds.append(
                 {
                     "streams": num_streams,
@@ -176,14 +193,15 @@ async def measure(args, addresses: Addresses, url: str, pid: int) -> list[dict]:
                     "gateway_cpu_s": cpu,
                     "gateway_cpu_us_per_token": 1e6 * cpu / tokens,
                     "gateway_cpu_share": cpu / seconds,
+                    "tokens_per_gateway": split,
                 }
             )
             r = rounds[-1]
             print(
                 f"{num_streams:4d} streams: {tokens} tokens in {seconds:.2f} s "
-                f"({r['tokens_per_s']:.0f} tok/s); gateway CPU {cpu:.2f} s = "
+                f"({r['tokens_per_s']:.0f} tok/s); gateways' CPU {cpu:.2f} s = "
                 f"{r['gateway_cpu_us_per_token']:.0f} us/token ({100 * r['gateway_cpu_share']:.0f}%"
-                " of a core)",
+                f" of a core); tokens per gateway {split}",
                 flush=True,
             )
         return rounds
@@ -191,24 +209,38 @@ async def measure(args, addresses: Addresses, url: str, pid: int) -> list[dict]:
         task.cancel()
 
 
-def run_gateway(args, root: Path) -> list[dict]:
-    """Start the gateway from the checkout at `root`, measure every stream count, stop it."""
-    addresses = Addresses.ipc(tempfile.mkdtemp(prefix="pagedserve-gateway-bench-"))
+def run_gateways(args, num_gateways: int) -> list[dict]:
+    """Start num_gateways gateway processes on one port, measure every stream count, stop them."""
+    directory = Path(tempfile.mkdtemp(prefix="pagedserve-gateway-bench-"))
+    addresses = Addresses.ipc(str(directory))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [
         sys.executable, "-m", "services.gateway", "--model", str(resolve_model(None)),
-        "--port", str(port), "--requests-addr", addresses.requests,
-        "--deltas-addr", addresses.deltas, "--plans-addr", addresses.plans,
-        "--results-addr", addresses.results,
+        "--port", str(port), "--gateway-addr", addresses.gateway,
     ]  # fmt: skip
-    gateway = subprocess.Popen(argv, cwd=root, stderr=subprocess.DEVNULL)
+    env = None
+    if num_gateways > 1:  # as `pagedserve serve --gateways N` runs them
+        argv.append("--reuse-port")
+        (directory / "metrics").mkdir()
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory / "metrics")}
+    ready_files = [directory / f"gateway-{i}.ready" for i in range(num_gateways)]
+    gateways = [
+        subprocess.Popen(
+            [*argv, "--ready-file", str(ready)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL
+        )
+        for ready in ready_files
+    ]
     try:
-        return asyncio.run(measure(args, addresses, f"http://127.0.0.1:{port}", gateway.pid))
+        url = f"http://127.0.0.1:{port}"
+        pids = [g.pid for g in gateways]
+        return asyncio.run(measure(args, addresses, url, pids, ready_files))
     finally:
-        gateway.terminate()
-        gateway.wait(30)
+        for gateway in gateways:
+            gateway.terminate()
+        for gateway in gateways:
+            gateway.wait(30)
 
 
 def main() -> int:
@@ -218,28 +250,16 @@ def main() -> int:
     parser.add_argument("--step-ms", type=float, default=10.0, help="the stand-in's step time")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
-        "--compare-ref", default=None, help="also run the gateway as it was at this git revision"
+        "--gateways", default="1,2", help="gateway process counts to compare (one port each)"
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    roots = {"current": ROOT}
-    worktree = None
-    if args.compare_ref:
-        worktree = Path(tempfile.mkdtemp(prefix="pagedserve-gateway-ref-")) / "tree"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(worktree), args.compare_ref],
-            cwd=ROOT, check=True, capture_output=True,
-        )  # fmt: skip
-        roots[args.compare_ref] = worktree
-    runs: dict[str, list[list[dict]]] = {label: [] for label in roots}
-    try:
-        for _ in range(args.rounds):  # alternated, so that drift in the machine's load hits all
-            for label, root in roots.items():
-                print(f"gateway: {label}", flush=True)
-                runs[label].append(run_gateway(args, root))
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
+    counts = [int(x) for x in args.gateways.split(",")]
+    runs: dict[str, list[list[dict]]] = {f"{n} gateways": [] for n in counts}
+    for _ in range(args.rounds):  # alternated, so that drift in the machine's load hits all
+        for n in counts:
+            print(f"{n} gateway process(es)", flush=True)
+            runs[f"{n} gateways"].append(run_gateways(args, n))
     best = {
         label: {
             str(r["streams"]): min(
@@ -264,7 +284,7 @@ def main() -> int:
     for label, by_streams in best.items():
         cost = ", ".join(f"{n} streams {us:.0f} us" for n, us in by_streams.items())
         limit = report["max_tokens_per_s_per_gateway_core"][label]
-        print(f"{label}: best gateway CPU per token: {cost}; at most ~{limit:.0f} tok/s per core")
+        print(f"{label}: best CPU per token: {cost}; at most ~{limit:.0f} tok/s per gateway core")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -32,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="scheduler+executor stacks behind the gateway (requests go to the least loaded)",
     )
+    serve.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="HTTP gateway processes sharing the port (SSE streaming is CPU work per token; "
+        "one process tops out near 17,000 streamed tokens/s per core)",
+    )
     from services.restart_budget import add_restart_args
 
     add_restart_args(serve)

@@ -1,5 +1,5 @@
-"""`pagedserve serve`: start executor, scheduler and gateway as processes, watch them, restart
-a dead one within a budget, stop them in order."""
+"""`pagedserve serve`: start executor, scheduler and gateway processes, watch them, restart a
+dead one within a budget, stop them in order."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ class Stack:
         num_replicas = getattr(args, "replicas", 1)
         if num_replicas < 1:
             raise ValueError(f"--replicas must be at least 1, got {num_replicas}")
+        num_gateways = getattr(args, "gateways", 1)
+        if num_gateways < 1:
+            raise ValueError(f"--gateways must be at least 1, got {num_gateways}")
         replicas = [
             Addresses.ipc(os.path.join(self.ipc_dir, f"replica-{i}")) for i in range(num_replicas)
         ]
@@ -67,8 +70,20 @@ class Stack:
         if args.request_timeout is not None:
             gateway += ["--request-timeout", str(args.request_timeout)]
         for addresses in replicas[1:]:
-            gateway += ["--replica-addrs", f"{addresses.requests},{addresses.deltas}"]
-        self._spawn("gateway", ["-m", "services.gateway", *gateway, *_wires(replicas[0])])
+            gateway += ["--replica-addr", addresses.gateway]
+        gateway_env = None
+        if num_gateways > 1:
+            # One port for all (the kernel spreads connections), one set of /metrics counters.
+            gateway += ["--reuse-port"]
+            metrics_dir = os.path.join(self.ipc_dir, "metrics")
+            os.makedirs(metrics_dir)
+            gateway_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        for i in range(num_gateways):
+            name = f"gateway-{i}" if i else "gateway"
+            argv = ["-m", "services.gateway", *gateway, *_wires(replicas[0])]
+            if num_gateways > 1:
+                argv += ["--ready-file", self._ready_file(name)]
+            self._spawn(name, argv, gateway_env)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
@@ -104,8 +119,16 @@ class Stack:
                 return name, code
         return None
 
+    def _ready_file(self, gateway: str) -> str:
+        return os.path.join(self.ipc_dir, f"{gateway}.ready")
+
+    def _gateways_listening(self) -> bool:
+        """Behind a shared port /health reaches any one gateway: each says so in a file."""
+        gateways = [n for n in self.procs if n.startswith("gateway")]
+        return len(gateways) == 1 or all(os.path.exists(self._ready_file(n)) for n in gateways)
+
     def wait_ready(self, url: str, timeout: float, stopping: Callable[[], bool]) -> str | None:
-        """None once /health answers 200, else why not."""
+        """None once /health answers 200 (and every gateway listens), else why not."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if stopping():
@@ -116,8 +139,9 @@ class Stack:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                     # "degraded": some replica is not up yet; start-up waits for all of them.
-                    if response.status == 200 and json.load(response).get("status") == "ok":
-                        return None
+                    ok = response.status == 200 and json.load(response).get("status") == "ok"
+                if ok and self._gateways_listening():
+                    return None
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.5)
@@ -161,8 +185,7 @@ def _replica_engine(
 
 def _wires(addresses: Addresses) -> list[str]:
     return [
-        "--requests-addr", addresses.requests,
-        "--deltas-addr", addresses.deltas,
+        "--gateway-addr", addresses.gateway,
         "--plans-addr", addresses.plans,
         "--results-addr", addresses.results,
         "--parent-pid", str(os.getpid()),

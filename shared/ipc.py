@@ -1,4 +1,9 @@
-"""ZeroMQ sockets that carry protocol records: one PUSH/PULL pipe per direction, msgpack frames."""
+"""ZeroMQ sockets that carry protocol records as msgpack frames.
+
+Scheduler <-> executor: one PUSH/PULL pipe per direction. Gateways <-> scheduler: one ROUTER
+socket at the scheduler and a DEALER per gateway, so several gateway processes can share one
+scheduler: the ROUTER knows which gateway sent each request and sends each its own deltas.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +20,11 @@ from shared.wire import decode, encode
 
 @dataclass(frozen=True)
 class Addresses:
-    """The four one-way pipes; the scheduler binds all of them, the others connect."""
+    """The scheduler's three endpoints; the scheduler binds all of them, the others connect."""
 
-    requests: str  # gateway -> scheduler: GenerateRequest, AbortRequest, KvStateRequest
-    deltas: str  # scheduler -> gateway: SchedulerReady, TokenDeltas, KvState
+    # gateways <-> scheduler, both ways: GenerateRequest, AbortRequest, KvStateRequest,
+    # GatewayHello up; SchedulerReady, TokenDeltas, KvState down
+    gateway: str
     plans: str  # scheduler -> executor: StepPlan, Shutdown
     results: str  # executor -> scheduler: ExecutorReady, StepResult
 
@@ -28,7 +34,7 @@ class Addresses:
         directory = directory or tempfile.mkdtemp(prefix="pagedserve-")
         os.makedirs(directory, exist_ok=True)
         return cls(
-            *(f"ipc://{directory}/{name}" for name in ("requests", "deltas", "plans", "results"))
+            *(f"ipc://{directory}/{name}" for name in ("gateway", "plans", "results"))
         )
 
 
@@ -40,25 +46,29 @@ def default_addresses() -> Addresses:
 def add_address_args(parser) -> None:
     group = parser.add_argument_group("ZeroMQ endpoints (ipc:// on one machine, tcp:// across)")
     defaults = default_addresses()
-    for name in ("requests", "deltas", "plans", "results"):
+    for name in ("gateway", "plans", "results"):
         group.add_argument(
             f"--{name}-addr", default=getattr(defaults, name), help=f"the {name} pipe"
         )
 
 
 def addresses_from_args(args) -> Addresses:
-    return Addresses(args.requests_addr, args.deltas_addr, args.plans_addr, args.results_addr)
+    return Addresses(args.gateway_addr, args.plans_addr, args.results_addr)
 
 
 def make_socket(ctx: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)  # never hang at exit on undelivered messages
-    if kind == zmq.PUSH:
-        # Never drop or block on a slow peer: the pipes carry at most one plan or one step's
-        # deltas at a time, so unbounded queues stay small.
+    # Never drop or block on a slow peer: the pipes carry at most one plan or one step's
+    # deltas at a time, so unbounded queues stay small.
+    if kind in (zmq.PUSH, zmq.ROUTER, zmq.DEALER):
         sock.setsockopt(zmq.SNDHWM, 0)
-    else:
+    if kind in (zmq.PULL, zmq.ROUTER, zmq.DEALER):
         sock.setsockopt(zmq.RCVHWM, 0)
+    if kind == zmq.ROUTER:
+        # A message to a peer that is gone raises (EHOSTUNREACH) instead of vanishing: that is
+        # how the scheduler learns which gateway left.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     if bind:
         if address.startswith("ipc://"):
             os.makedirs(os.path.dirname(address[len("ipc://") :]), exist_ok=True)
@@ -74,6 +84,23 @@ async def send(sock: zmq.asyncio.Socket, message: Any) -> None:
 
 async def recv(sock: zmq.asyncio.Socket) -> Any:
     return decode(await sock.recv(copy=True))
+
+
+async def send_to(sock: zmq.asyncio.Socket, peer: bytes, message: Any) -> bool:
+    """Send to one peer of a ROUTER socket; False when that peer is no longer connected."""
+    try:
+        await sock.send_multipart([peer, encode(message)], copy=False)
+    except zmq.ZMQError as exc:
+        if exc.errno == zmq.EHOSTUNREACH:
+            return False
+        raise
+    return True
+
+
+async def recv_from(sock: zmq.asyncio.Socket) -> tuple[bytes, Any]:
+    """(the sending peer, its message) from a ROUTER socket; WireError for a malformed one."""
+    peer, data = await sock.recv_multipart(copy=True)
+    return peer, decode(data)
 
 
 def send_sync(sock: zmq.Socket, message: Any) -> None:

@@ -22,10 +22,13 @@ class PeerWatch:
         sock: zmq.asyncio.Socket,
         on_lost: Callable[[], None],
         on_joined: Callable[[], None] | None = None,
+        on_left: Callable[[], None] | None = None,
     ) -> None:
+        """on_lost: the last peer left; on_left: any peer left (some may remain)."""
         self.num_peers = 0
         self._on_lost = on_lost
         self._on_joined = on_joined
+        self._on_left = on_left
         self._monitor = sock.get_monitor_socket(_JOINED | _LEFT)
 
     async def run(self) -> None:
@@ -37,5 +40,7 @@ class PeerWatch:
                     self._on_joined()
             elif event & _LEFT:
                 self.num_peers = max(0, self.num_peers - 1)
+                if self._on_left is not None:
+                    self._on_left()
                 if self.num_peers == 0:
                     self._on_lost()

@@ -107,6 +107,12 @@ class AbortRequest:
 
 
 @dataclass
+class GatewayHello:
+    """Gateway -> scheduler, whenever its connection (re)opens: asks for SchedulerReady. The
+    scheduler knows which gateway sent it (and every request) from the connection itself."""
+
+
+@dataclass
 class SeqDelta:
     """New tokens of one of a request's n samples since the last delta."""
 

@@ -31,6 +31,7 @@ MESSAGE_TYPES: dict[str, type] = {
         protocol.SchedulerReady,
         protocol.GenerateRequest,
         protocol.AbortRequest,
+        protocol.GatewayHello,
         protocol.TokenDeltas,
         protocol.ExecutorHeartbeat,
         protocol.Shutdown,
@@ -214,6 +215,7 @@ _CHECKED = frozenset(
     {
         protocol.GenerateRequest,
         protocol.AbortRequest,
+        protocol.GatewayHello,
         protocol.KvStateRequest,
         protocol.Shutdown,
         SamplingParams,

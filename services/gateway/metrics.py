@@ -1,7 +1,14 @@
-"""Prometheus metrics of one gateway app, kept in its own registry so several apps can coexist."""
+"""Prometheus metrics of one gateway app, kept in its own registry so several apps can coexist.
+
+Several gateway processes behind one port (`serve --gateways N`) share their counters and
+histograms through prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set by the
+launcher): any of them answers /metrics with the sums over all of them, including gateways that
+have exited. The scheduler's gauges are read live from this process's backend.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,6 +18,7 @@ from prometheus_client import (
     Counter,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -134,9 +142,11 @@ class GatewayMetrics:
         replicas: Callable[[], list[tuple[bool, int, int, Any]]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_SchedulerCollector(stats))
+        self._live: list[Any] = [_SchedulerCollector(stats)]
         if replicas is not None:
-            self.registry.register(_ReplicaCollector(replicas))
+            self._live.append(_ReplicaCollector(replicas))
+        for collector in self._live:
+            self.registry.register(collector)
         self.prompt_tokens = Counter(
             "pagedserve_prompt_tokens", "Prompt tokens of accepted requests", registry=self.registry
         )
@@ -170,4 +180,12 @@ class GatewayMetrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not directory:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        # Every gateway process's counters from their files, not only this one's.
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=directory)
+        for collector in self._live:
+            registry.register(collector)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

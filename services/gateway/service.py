@@ -47,11 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     add_address_args(parser)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
     parser.add_argument(
-        "--replica-addrs",
+        "--replica-addr",
         action="append",
         default=[],
-        metavar="REQUESTS_ADDR,DELTAS_ADDR",
-        help="a further scheduler (replica) to route requests to; repeat for more",
+        metavar="GATEWAY_ADDR",
+        help="a further scheduler's gateway endpoint (a replica) to route requests to; repeat "
+        "for more",
+    )
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="share the port with other gateway processes (SO_REUSEPORT: the kernel spreads "
+        "connections across them); such a gateway starts listening only once its backend "
+        "is ready",
+    )
+    parser.add_argument(
+        "--ready-file", default=None, help="create this file once the gateway can serve"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -74,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         await backend.start()
         if args.parent_pid is not None:
             app["orphan_watch"] = asyncio.create_task(_exit_when_orphaned(args.parent_pid))
+        if args.reuse_port:
+            # The kernel hands a listening process its share of new connections: one that is
+            # still starting would answer them 503 while its siblings could serve them.
+            while not backend.ready:
+                await asyncio.sleep(0.1)
+        if args.ready_file:
+            # The site binds right after the start-up handlers; /health confirms it.
+            open(args.ready_file, "w").close()
 
     async def end_streams(app: web.Application) -> None:
         backend.fail_all("the server is shutting down")
@@ -93,21 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         access_log=None,
         shutdown_timeout=5.0,  # open streams get their terminal event first (end_streams)
         handler_cancellation=True,  # a client that leaves cancels its handler, which aborts
+        reuse_port=args.reuse_port or None,
     )
     return 0
 
 
 def _backend(args: argparse.Namespace) -> ZmqBackend | ReplicaRouter:
     primary = addresses_from_args(args)
-    if not args.replica_addrs:
+    if not args.replica_addr:
         return ZmqBackend(primary)
     replicas = [ZmqBackend(primary)]
-    for pair in args.replica_addrs:
-        requests, _, deltas = pair.partition(",")
-        if not requests or not deltas:
-            raise SystemExit(f"--replica-addrs wants REQUESTS_ADDR,DELTAS_ADDR, got {pair!r}")
-        # Only the gateway's two pipes matter here; the replica's own plan pipes are its own.
-        replicas.append(ZmqBackend(dataclasses.replace(primary, requests=requests, deltas=deltas)))
+    for address in args.replica_addr:
+        # Only the gateway endpoint matters here; the replica's own plan pipes are its own.
+        replicas.append(ZmqBackend(dataclasses.replace(primary, gateway=address)))
     return ReplicaRouter(replicas)
 
 

@@ -1,4 +1,8 @@
-"""The Backend over ZeroMQ: requests and aborts to the scheduler, its deltas routed per request."""
+"""The Backend over ZeroMQ: requests and aborts to the scheduler, its deltas routed per request.
+
+One DEALER socket carries both directions; the scheduler's ROUTER tells this gateway's
+connection from other gateways' and sends it only the deltas of requests it sent.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from shared.ipc import Addresses, make_socket, recv, send
 from shared.peer_watch import PeerWatch
 from shared.protocol import (
     AbortRequest,
+    GatewayHello,
     GenerateRequest,
     KvState,
     KvStateRequest,
@@ -48,12 +53,16 @@ class ZmqBackend:
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
-        self._requests = make_socket(self._ctx, zmq.PUSH, self.addresses.requests, bind=False)
-        self._deltas = make_socket(self._ctx, zmq.PULL, self.addresses.deltas, bind=False)
+        self._sock = make_socket(self._ctx, zmq.DEALER, self.addresses.gateway, bind=False)
         self._send_lock = asyncio.Lock()
+        self._background: set[asyncio.Task] = set()
         self._reader = asyncio.create_task(self._read())
-        self._watch = asyncio.create_task(PeerWatch(self._requests, self._on_scheduler_lost).run())
+        watch = PeerWatch(self._sock, self._on_scheduler_lost, self._on_scheduler_joined)
+        self._watch = asyncio.create_task(watch.run())
         self._liveness = asyncio.create_task(self._watch_liveness())
+        # Queued until connected. The join event says hello again after every reconnection
+        # (a restarted scheduler), and also now, unless the connection beat the monitor.
+        await self._send(GatewayHello())
 
     async def close(self) -> None:
         for task in (self._reader, getattr(self, "_watch", None), getattr(self, "_liveness", None)):
@@ -93,8 +102,7 @@ class ZmqBackend:
         self._queues[request.request_id] = queue
         self._unacked.add(request.request_id)
         try:
-            async with self._send_lock:
-                await send(self._requests, request)
+            await self._send(request)
             while True:
                 # No timeout per token (this runs once per token of every stream): a dead or
                 # silent backend ends the streams through _watch_liveness and _on_scheduler_lost.
@@ -122,6 +130,11 @@ class ZmqBackend:
                 log.error("the backend stopped responding; ending %d streams", len(self._queues))
                 self.fail_all("the scheduler or executor stopped responding")
 
+    def _on_scheduler_joined(self) -> None:
+        task = asyncio.ensure_future(self._send(GatewayHello()))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _on_scheduler_lost(self) -> None:
         # Its requests died with it: end their streams now rather than after missed heartbeats,
         # and answer 503 until a new scheduler announces itself.
@@ -137,16 +150,18 @@ class ZmqBackend:
         return await self._kv_states.get()
 
     async def _request_kv_state(self) -> None:
-        async with self._send_lock:
-            await send(self._requests, KvStateRequest())
+        await self._send(KvStateRequest())
 
     async def abort(self, request_id: str) -> None:
+        await self._send(AbortRequest(request_id))
+
+    async def _send(self, message) -> None:
         async with self._send_lock:
-            await send(self._requests, AbortRequest(request_id))
+            await send(self._sock, message)
 
     async def _read(self) -> None:
         while True:
-            message = await recv(self._deltas)
+            message = await recv(self._sock)
             self._last_seen = time.monotonic()
             if isinstance(message, TokenDeltas):
                 self._stats = message.stats

@@ -1,4 +1,5 @@
-"""The scheduler process: requests in from the gateway, a plan per step to the executor, deltas out.
+"""The scheduler process: requests in from the gateways, a plan per step to the executor, deltas
+out to the gateway that sent each request.
 
 It keeps reading requests and aborts while a step runs (asyncio), so admission and cancellation
 take effect at the next iteration boundary.
@@ -18,6 +19,7 @@ import zmq.asyncio
 
 from services.engine.args import add_engine_args, engine_config_from_args
 from services.restart_budget import RestartBudget, add_restart_args
+from services.scheduler.gateway_links import GatewayLinks
 from services.scheduler.kv_accounting import KVAccountant, kv_breakdown
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
@@ -31,6 +33,7 @@ from shared.protocol import (
     AbortRequest,
     ExecutorHeartbeat,
     ExecutorReady,
+    GatewayHello,
     GenerateRequest,
     KvStateRequest,
     RequestDelta,
@@ -105,7 +108,6 @@ class SchedulerService:
         self.model_name = name
         self.scheduler: Scheduler | None = None
         self._work = asyncio.Event()
-        self._send_lock = asyncio.Lock()
         # step_id -> (its result, perf_counter() when the plan was sent), for plans in flight
         self._in_flight: dict[int, tuple[asyncio.Future[StepResult], float]] = {}
         self._last_result_at = 0.0
@@ -127,20 +129,21 @@ class SchedulerService:
 
     async def run(self) -> int:
         ctx = zmq.asyncio.Context()
-        self.requests = make_socket(ctx, zmq.PULL, self.addresses.requests, bind=True)
-        self.deltas = make_socket(ctx, zmq.PUSH, self.addresses.deltas, bind=True)
+        gateways = make_socket(ctx, zmq.ROUTER, self.addresses.gateway, bind=True)
+        self.gateways = GatewayLinks(gateways, self._abort_orphans)
         self.plans = make_socket(ctx, zmq.PUSH, self.addresses.plans, bind=True)
         self.results = make_socket(ctx, zmq.PULL, self.addresses.results, bind=True)
         # Watched from before anyone connects, so that every peer is counted.
         executor_watch = PeerWatch(self.plans, self._on_executor_lost)
-        gateway_watch = PeerWatch(self.deltas, self._on_gateway_lost, self._on_gateway_joined)
+        gateway_watch = PeerWatch(
+            gateways, self.gateways.drop_all, on_left=self._probe_gateways
+        )
         try:
             ready = await self._wait_for_executor()
             self.scheduler = Scheduler(self.config.scheduler, ready)
             self._announcement = SchedulerReady(
                 ready, self.config.scheduler.max_num_seqs, self.model_name
             )
-            await self._send(self._announcement)
             log.info(
                 "scheduler ready: %d device blocks, %d cpu blocks",
                 ready.num_device_blocks,
@@ -191,7 +194,7 @@ class SchedulerService:
     async def _intake(self) -> None:
         while True:
             try:
-                message = await recv(self.requests)
+                peer, message = await self.gateways.recv()
             except ValueError as exc:  # a malformed message (WireError, bad values): drop it
                 log.warning("dropped a malformed request message: %s", exc)
                 continue
@@ -206,16 +209,22 @@ class SchedulerService:
                         message.request_id, [], False,
                         num_prompt_tokens=len(message.prompt_token_ids),
                     )  # fmt: skip
+                    self.gateways.own(peer, message.request_id)
+                    await self.gateways.send_deltas([reply], self._stats())
+                    self._work.set()
                 except InvalidRequestError as exc:
                     reply = RequestDelta(message.request_id, [], True, exc.to_dict()["error"])
-                await self._send(TokenDeltas([reply], self._stats()))
-                self._work.set()
+                    await self.gateways.send(peer, TokenDeltas([reply], self._stats()))
             elif isinstance(message, AbortRequest):
                 update = self.scheduler.abort(message.request_id)
                 if update is not None:
-                    await self._send(TokenDeltas([group_delta(update)], self._stats()))
+                    await self.gateways.send_deltas([group_delta(update)], self._stats())
             elif isinstance(message, KvStateRequest):
-                await self._send(kv_snapshot(self.scheduler, self._preemptions))
+                await self.gateways.send(peer, kv_snapshot(self.scheduler, self._preemptions))
+            elif isinstance(message, GatewayHello):
+                # A gateway (re)connected: it needs the model's announcement before it serves.
+                await self.gateways.send(peer, self._announcement)
+                await self.gateways.send(peer, TokenDeltas([], self._stats()))
             elif isinstance(message, Shutdown):
                 self._stopping.set()
 
@@ -287,7 +296,7 @@ class SchedulerService:
         self._kv_accountant.add(breakdown, wall)
         if self._plan_log is not None:
             self._log_step(plan, updates)
-        await self._send(TokenDeltas([group_delta(u) for u in updates], self._stats()))
+        await self.gateways.send_deltas([group_delta(u) for u in updates], self._stats())
 
     # ---- a dead executor or gateway ------------------------------------------------------------
     def _on_executor_lost(self) -> None:
@@ -333,23 +342,24 @@ class SchedulerService:
         for request_id in list(self.scheduler.groups):
             self.scheduler.abort(request_id)
             deltas.append(RequestDelta(request_id, [], True, error))
-        await self._send(TokenDeltas(deltas, self._stats()))
+        await self.gateways.send_deltas(deltas, self._stats())
         self._crashed = True
         self._stopping.set()
 
-    def _on_gateway_lost(self) -> None:
-        # Nobody reads these requests' tokens any more: stop decoding them and free their blocks.
+    def _abort_orphans(self, request_ids: list[str]) -> None:
+        # Their gateway left: nobody reads their tokens any more, so stop decoding them and
+        # free their blocks.
         if self.scheduler is None:
             return
-        request_ids = list(self.scheduler.groups)
         for request_id in request_ids:
             self.scheduler.abort(request_id)
-        log.warning("the gateway's connection closed; aborted %d requests", len(request_ids))
+        log.warning("a gateway's connection closed; aborted %d requests", len(request_ids))
 
-    def _on_gateway_joined(self) -> None:
-        # A restarted gateway needs the announcement the first one got at start-up.
-        if self._announcement is not None:
-            task = asyncio.ensure_future(self._send(self._announcement))
+    def _probe_gateways(self) -> None:
+        # Some gateway left, others may remain: a message to each finds out which one (a send
+        # to a gone peer fails). The heartbeat probes too, in case this one comes too early.
+        if self.scheduler is not None:
+            task = asyncio.ensure_future(self.gateways.broadcast(TokenDeltas([], self._stats())))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
@@ -393,13 +403,9 @@ class SchedulerService:
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 log.warning("parent process is gone; exiting")
                 self._stopping.set()
-            await self._send(TokenDeltas([], self._stats()))
+            await self.gateways.broadcast(TokenDeltas([], self._stats()))
 
     # ---- helpers ------------------------------------------------------------------------------
-    async def _send(self, message) -> None:
-        async with self._send_lock:
-            await send(self.deltas, message)
-
     async def _send_executor_shutdown(self) -> None:
         try:
             await asyncio.wait_for(send(self.plans, Shutdown("scheduler stopping")), 1.0)

@@ -98,16 +98,15 @@ def _as_local_process(service: dict) -> tuple[list[str], dict[str, str]]:
 
 
 def test_services_started_as_compose_starts_them_stream_a_completion(tiny_model_dir):
-    ports = _free_ports(5)
+    ports = _free_ports(4)
     env = {
         "PAGEDSERVE_MODEL": str(tiny_model_dir),
         "PAGEDSERVE_KV_CACHE_GB": "0.002",  # 512 tiny-model blocks, not a 1 GiB pool
         "PAGEDSERVE_API_KEY": API_KEY,
         "PAGEDSERVE_PORT": str(ports[0]),
-        "PAGEDSERVE_REQUESTS_PORT": str(ports[1]),
-        "PAGEDSERVE_DELTAS_PORT": str(ports[2]),
-        "PAGEDSERVE_PLANS_PORT": str(ports[3]),
-        "PAGEDSERVE_RESULTS_PORT": str(ports[4]),
+        "PAGEDSERVE_GATEWAY_PORT": str(ports[1]),
+        "PAGEDSERVE_PLANS_PORT": str(ports[2]),
+        "PAGEDSERVE_RESULTS_PORT": str(ports[3]),
     }
     services = load_services(env)
     procs: dict[str, subprocess.Popen] = {}

@@ -13,9 +13,10 @@ import zmq.asyncio
 from services.gateway import zmq_backend
 from services.gateway.backend import BackendGone
 from services.gateway.zmq_backend import ZmqBackend
-from shared.ipc import Addresses, make_socket, recv, send
+from shared.ipc import Addresses, make_socket, recv_from, send_to
 from shared.protocol import (
     ExecutorReady,
+    GatewayHello,
     GenerateRequest,
     RequestDelta,
     SchedulerReady,
@@ -39,13 +40,18 @@ async def _stream_until_silence(tmp_path, beat_for_s: float) -> tuple[float, flo
     (its connection stays open). Returns (seconds until the stream ended, silence start)."""
     addresses = Addresses.ipc(str(tmp_path / "ipc"))
     ctx = zmq.asyncio.Context()
-    requests = make_socket(ctx, zmq.PULL, addresses.requests, bind=True)
-    deltas = make_socket(ctx, zmq.PUSH, addresses.deltas, bind=True)
+    router = make_socket(ctx, zmq.ROUTER, addresses.gateway, bind=True)
     backend = ZmqBackend(addresses)
     await backend.start()
     try:
-        await send(deltas, TokenDeltas([], STATS))
-        await send(deltas, READY)
+        gateway, hello = await recv_from(router)
+        assert isinstance(hello, GatewayHello)
+
+        async def send(message) -> None:
+            assert await send_to(router, gateway, message)
+
+        await send(TokenDeltas([], STATS))
+        await send(READY)
         while not backend.ready:
             await asyncio.sleep(0.01)
         request = GenerateRequest("r1", [5, 6], SamplingParams(max_tokens=4), time.time())
@@ -55,11 +61,12 @@ async def _stream_until_silence(tmp_path, beat_for_s: float) -> tuple[float, flo
                 pass
 
         stream = asyncio.ensure_future(consume())
-        await recv(requests)
-        await send(deltas, TokenDeltas([RequestDelta("r1", [], False)], STATS))
+        while not isinstance((await recv_from(router))[1], GenerateRequest):
+            pass  # a second hello: the connection's join event
+        await send(TokenDeltas([RequestDelta("r1", [], False)], STATS))
         start = time.monotonic()
         while time.monotonic() - start < beat_for_s:
-            await send(deltas, TokenDeltas([], STATS))
+            await send(TokenDeltas([], STATS))
             await asyncio.sleep(0.1)
             assert not stream.done()  # beating: the stream waits, however long
         silent_at = time.monotonic() - start

@@ -8,11 +8,13 @@ import sys
 import uuid
 
 import pytest
+import zmq
+import zmq.asyncio
 
 from services.engine.llm_engine import LLMEngine
 from services.gateway.zmq_backend import ZmqBackend
-from shared.ipc import Addresses
-from shared.protocol import GenerateRequest
+from shared.ipc import Addresses, make_socket, recv, send
+from shared.protocol import GatewayHello, GenerateRequest, TokenDeltas
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
 
@@ -20,11 +22,14 @@ ENGINE_FLAGS = ["--num-device-blocks", "64", "--max-num-batched-tokens", "64"]
 
 
 @pytest.fixture
-async def backend(tiny_model_dir, tmp_path):
-    addresses = Addresses.ipc(str(tmp_path / "ipc"))
+def addresses(tmp_path):
+    return Addresses.ipc(str(tmp_path / "ipc"))
+
+
+@pytest.fixture
+async def backend(tiny_model_dir, addresses):
     wires = [
-        "--requests-addr", addresses.requests,
-        "--deltas-addr", addresses.deltas,
+        "--gateway-addr", addresses.gateway,
         "--plans-addr", addresses.plans,
         "--results-addr", addresses.results,
     ]  # fmt: skip
@@ -91,6 +96,84 @@ async def test_rejection_and_abort_reach_the_gateway(backend, prompts):
     assert first.seqs and not first.finished
     await backend.abort("long-one")
     async for delta in stream:
+        last = delta
+    assert last.finished and last.seqs[0].finish_reason == "abort"
+    for _ in range(30):
+        if backend.stats.kv_blocks_used == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert backend.stats.kv_blocks_used == 0
+
+
+async def _ready_client(addresses) -> ZmqBackend:
+    client = ZmqBackend(addresses)
+    await client.start()
+    for _ in range(100):
+        if client.ready:
+            return client
+        await asyncio.sleep(0.1)
+    raise AssertionError("a second gateway never got the scheduler's announcement")
+
+
+async def test_two_gateways_each_get_only_their_own_requests_deltas(
+    backend, addresses, tiny_model_dir, prompts
+):
+    # A raw second gateway, to see every delta the scheduler sends it.
+    ctx = zmq.asyncio.Context()
+    raw = make_socket(ctx, zmq.DEALER, addresses.gateway, bind=False)
+    try:
+        greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+        await send(raw, GatewayHello())
+        mine = {f"raw-{i}": p for i, p in enumerate(prompts[:4])}
+        for request_id, prompt in mine.items():
+            await send(raw, GenerateRequest(request_id, prompt, greedy, 0.0))
+
+        async def read_raw() -> tuple[dict[str, list[int]], set[str]]:
+            tokens: dict[str, list[int]] = {r: [] for r in mine}
+            seen, done = set(), set()
+            while done != set(mine):
+                message = await recv(raw)
+                if isinstance(message, TokenDeltas):
+                    for delta in message.deltas:
+                        seen.add(delta.request_id)
+                        for seq in delta.seqs:
+                            tokens[delta.request_id].extend(seq.token_ids)
+                        if delta.finished:
+                            done.add(delta.request_id)
+            return tokens, seen
+
+        theirs = asyncio.gather(*(_collect(backend, p, greedy) for p in prompts[4:8]))
+        (raw_tokens, seen), results = await asyncio.wait_for(
+            asyncio.gather(read_raw(), theirs), 60
+        )
+        assert seen == set(mine)  # none of the other gateway's requests
+        expected = LLMEngine(engine_config(tiny_model_dir)).generate(prompts[:8], greedy)
+        assert [raw_tokens[r] for r in mine] == [e.outputs[0].token_ids for e in expected[:4]]
+        for (tokens, last), want in zip(results, expected[4:]):
+            assert tokens == {0: want.outputs[0].token_ids} and last.finished
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_a_gateway_that_leaves_frees_its_requests_and_no_others(backend, addresses, prompts):
+    other = await _ready_client(addresses)
+    long = SamplingParams(max_tokens=400, ignore_eos=True)
+    leaving = other.generate(GenerateRequest("leaving", prompts[1], long, 0.0))
+    staying = backend.generate(GenerateRequest("staying", prompts[2], long, 0.0))
+    for stream in (leaving, staying):
+        await stream.__anext__()  # acknowledged
+        assert (await stream.__anext__()).seqs  # decoding
+    await leaving.aclose()
+    await other.close()  # the process "dies": its connection closes without an abort
+    for _ in range(50):  # the scheduler aborts the orphan: one running sequence is left
+        if backend.stats.num_running == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert backend.stats.num_running == 1
+    more = await staying.__anext__()
+    assert more.seqs and not more.finished  # the other gateway's request goes on
+    await backend.abort("staying")
+    async for delta in staying:
         last = delta
     assert last.finished and last.seqs[0].finish_reason == "abort"
     for _ in range(30):

@@ -13,6 +13,7 @@ from shared.protocol import (
     GenerateRequest,
     KvRequestState,
     KvState,
+    GatewayHello,
     KvStateRequest,
     PreemptionEvent,
     RequestDelta,
@@ -78,6 +79,7 @@ EXAMPLES = [
     ExecutorHeartbeat(1234),
     Shutdown("bye"),
     KvStateRequest(),
+    GatewayHello(),
     KvState(
         1764420001.25,
         16,
