@@ -33,9 +33,7 @@ class Addresses:
         """ipc:// endpoints in a private directory (the default for one machine)."""
         directory = directory or tempfile.mkdtemp(prefix="pagedserve-")
         os.makedirs(directory, exist_ok=True)
-        return cls(
-            *(f"ipc://{directory}/{name}" for name in ("gateway", "plans", "results"))
-        )
+        return cls(*(f"ipc://{directory}/{name}" for name in ("gateway", "plans", "results")))
 
 
 def default_addresses() -> Addresses:

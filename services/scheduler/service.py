@@ -135,9 +135,7 @@ class SchedulerService:
         self.results = make_socket(ctx, zmq.PULL, self.addresses.results, bind=True)
         # Watched from before anyone connects, so that every peer is counted.
         executor_watch = PeerWatch(self.plans, self._on_executor_lost)
-        gateway_watch = PeerWatch(
-            gateways, self.gateways.drop_all, on_left=self._probe_gateways
-        )
+        gateway_watch = PeerWatch(gateways, self.gateways.drop_all, on_left=self._probe_gateways)
         try:
             ready = await self._wait_for_executor()
             self.scheduler = Scheduler(self.config.scheduler, ready)

@@ -143,9 +143,7 @@ async def test_two_gateways_each_get_only_their_own_requests_deltas(
             return tokens, seen
 
         theirs = asyncio.gather(*(_collect(backend, p, greedy) for p in prompts[4:8]))
-        (raw_tokens, seen), results = await asyncio.wait_for(
-            asyncio.gather(read_raw(), theirs), 60
-        )
+        (raw_tokens, seen), results = await asyncio.wait_for(asyncio.gather(read_raw(), theirs), 60)
         assert seen == set(mine)  # none of the other gateway's requests
         expected = LLMEngine(engine_config(tiny_model_dir)).generate(prompts[:8], greedy)
         assert [raw_tokens[r] for r in mine] == [e.outputs[0].token_ids for e in expected[:4]]
