@@ -140,7 +140,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _stream_all(url: str, model: str, prompts, out_lens) -> dict:
+async def _stream_share(url: str, model: str, prompts, out_lens, start_at: float) -> dict:
+    """One client process's share of the streams, all started at wall time start_at. Parses
+    only the first event (TTFT) and the last (the usage chunk): a client that decoded every
+    event's JSON would cost as much CPU per token as the gateway and limit the run itself."""
     import aiohttp
 
     ttft, tpot, tokens = [], [], 0
@@ -158,18 +161,18 @@ async def _stream_all(url: str, model: str, prompts, out_lens) -> dict:
         }
         start = time.perf_counter()
         first = None
+        last = b""
         async with session.post(f"{url}/v1/completions", json=body) as response:
             assert response.status == 200, await response.text()
             async for raw in response.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
                     continue
-                event = json.loads(line[6:])
-                if event.get("choices") and first is None:
+                if first is None:
                     first = time.perf_counter()
-                if event.get("usage"):
-                    tokens += event["usage"]["completion_tokens"]
+                last = raw
         end = time.perf_counter()
+        usage = json.loads(last[len(b"data: ") :])["usage"]
+        tokens += usage["completion_tokens"]
         ttft.append(first - start)
         if n > 1:
             tpot.append((end - first) / (n - 1))
@@ -177,11 +180,33 @@ async def _stream_all(url: str, model: str, prompts, out_lens) -> dict:
     timeout = aiohttp.ClientTimeout(total=None)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        start = time.perf_counter()
+        await asyncio.sleep(max(0.0, start_at - time.time()))
         await asyncio.gather(*(one(session, p, n) for p, n in zip(prompts, out_lens)))
-        elapsed = time.perf_counter() - start
-    ttft.sort()
-    tpot.sort()
+    return {"tokens": tokens, "ttft": ttft, "tpot": tpot, "end": time.time()}
+
+
+def _client_process(url: str, model: str, prompts, out_lens, start_at: float) -> dict:
+    import uvloop
+
+    return uvloop.run(_stream_share(url, model, prompts, out_lens, start_at))
+
+
+def _stream_all(url: str, model: str, prompts, out_lens, num_clients: int) -> dict:
+    """Every request at once, spread over num_clients client processes (round robin)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    shares = [(prompts[i::num_clients], out_lens[i::num_clients]) for i in range(num_clients)]
+    shares = [share for share in shares if share[0]]
+    with ProcessPoolExecutor(len(shares), mp_context=get_context("spawn")) as pool:
+        # Started a few seconds ahead, so that spawning the clients is not timed.
+        start_at = time.time() + 5.0
+        futures = [pool.submit(_client_process, url, model, p, n, start_at) for p, n in shares]
+        parts = [f.result() for f in futures]
+    elapsed = max(part["end"] for part in parts) - start_at
+    tokens = sum(part["tokens"] for part in parts)
+    ttft = sorted(t for part in parts for t in part["ttft"])
+    tpot = sorted(t for part in parts for t in part["tpot"])
     return {
         "output_tokens": tokens,
         "seconds": elapsed,
@@ -189,6 +214,7 @@ async def _stream_all(url: str, model: str, prompts, out_lens) -> dict:
         "ttft_p50_s": ttft[len(ttft) // 2],
         "ttft_p99_s": ttft[int(0.99 * (len(ttft) - 1))],
         "tpot_p50_s": tpot[len(tpot) // 2] if tpot else None,
+        "client_processes": len(shares),
     }
 
 
@@ -197,7 +223,7 @@ def run_served(model_dir: Path, args, prompts, out_lens, overlap: bool = True) -
     argv = [sys.executable, "-m", "services.cli", "serve", "--model", str(model_dir),
             "--port", str(port), "--dtype", args.dtype, "--device", args.device,
             "--kv-cache-gb", str(args.kv_cache_gb), "--max-num-seqs", str(args.num_requests),
-            "--max-num-batched-tokens", "8192"]  # fmt: skip
+            "--max-num-batched-tokens", "8192", "--gateways", str(args.gateways)]  # fmt: skip
     if not overlap:
         argv.append("--no-async-scheduling")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -211,8 +237,10 @@ def run_served(model_dir: Path, args, prompts, out_lens, overlap: bool = True) -
         if not line.startswith("pagedserve: ready"):
             raise RuntimeError(f"the server did not start (exit {proc.poll()})")
         url = f"http://127.0.0.1:{port}"
-        asyncio.run(_stream_all(url, model_dir.name, [p[:8] for p in prompts[:2]], [4, 4]))
-        return asyncio.run(_stream_all(url, model_dir.name, prompts, out_lens))
+        warm = [p[:8] for p in prompts[: 2 * args.gateways]]
+        _stream_all(url, model_dir.name, warm, [4] * len(warm), 1)
+        result = _stream_all(url, model_dir.name, prompts, out_lens, args.client_processes)
+        return result | {"gateways": args.gateways}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -272,6 +300,15 @@ def main() -> None:
         "--served-sync",
         action="store_true",
         help="also serve with --no-async-scheduling, to compare the two loops",
+    )
+    parser.add_argument(
+        "--gateways", type=int, default=4, help="gateway processes of the served run"
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=4,
+        help="load-generator processes of the served run (one would limit it)",
     )
     parser.add_argument("--json", default="benchmarks/results/gpu_throughput.json")
     args = parser.parse_args()

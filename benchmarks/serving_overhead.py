@@ -107,7 +107,7 @@ def run_stack(args, model_dir: Path, vocab: int, overlap: bool) -> dict:
     """Start a scheduler and an executor process, drive them, stop them."""
     addresses = Addresses.ipc(tempfile.mkdtemp(prefix="pagedserve-bench-"))
     wires = [
-        "--requests-addr", addresses.requests, "--deltas-addr", addresses.deltas,
+        "--gateway-addr", addresses.gateway,
         "--plans-addr", addresses.plans, "--results-addr", addresses.results,
     ]  # fmt: skip
     common = ["--model", str(model_dir), "--num-threads", str(args.num_threads), *wires]
