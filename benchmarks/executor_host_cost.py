@@ -1,0 +1,154 @@
+"""The executor's host work per decode step at batch 256: what the device waits for between steps.
+
+Runs the in-process engine on a random "tiny" Llama (hidden 64, 2 layers, vocabulary 384) on
+the CPU with one torch thread, so that the forward pass is small and the executor's own Python
+shows: applying the plan (block tables, sampling state), building the step's inputs and the
+sampling batch, and turning the sampled ids into result records. Each decode-only step's phase
+times come from the executor's own PhaseTimer; reported as medians over the decode steps.
+Greedy and seeded random sampling (temperature 1, top-p 0.9) are separate workloads.
+
+    .venv/bin/python benchmarks/executor_host_cost.py --compare-ref HEAD~1 \\
+        --json benchmarks/results/executor_host_cost.json
+
+With --compare-ref the same measurement runs on that git revision too (a worktree), rounds
+alternated, so the two see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST_PHASES = ("cache_ops", "prepare", "sync_out")  # no device work in these on a CPU
+
+
+def worker(args) -> dict:
+    """Runs in the checkout at cwd; prints one JSON line of per-phase medians in ms."""
+    sys.path.insert(0, os.getcwd())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import random
+
+    import torch
+
+    torch.set_num_threads(1)
+    from gpu_throughput import build_model
+
+    from services.engine.llm_engine import LLMEngine
+    from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+    from shared.model_source import resolve_model
+    from shared.sampling import SamplingParams
+
+    work = Path(tempfile.mkdtemp(prefix="pagedserve-host-cost-"))
+    model_dir = build_model("tiny", "cpu", torch.float32, resolve_model(None), work / "m")
+    config = EngineConfig(
+        model=ModelConfig(model=str(model_dir), device="cpu", dtype="float32"),
+        cache=CacheConfig(kv_cache_bytes=int(0.2 * GiB)),
+        scheduler=SchedulerConfig(max_num_seqs=args.batch, max_num_batched_tokens=8192),
+    )
+    engine = LLMEngine(config)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 384) for _ in range(args.input_len)] for _ in range(args.batch)]
+    executor = engine.executor
+    execute = executor._execute
+    timings: list[dict[str, float]] = []
+
+    def recording(plan):
+        result = execute(plan)
+        if len(plan.seqs) == args.batch and plan.num_tokens == args.batch:  # decode only
+            timings.append(result.timings)
+        return result
+
+    executor._execute = recording
+    out = {}
+    for name, sampling in (
+        ("greedy", SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)),
+        (
+            "seeded_top_p",
+            SamplingParams(
+                max_tokens=args.output_len, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True
+            ),
+        ),
+    ):
+        engine.generate(prompts[:4], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
+        timings.clear()
+        engine.generate(prompts, sampling)
+        phases = {p: statistics.median(t[p] for t in timings) * 1e3 for p in timings[0]}
+        phases["host"] = sum(phases[p] for p in HOST_PHASES)
+        phases["steps"] = len(timings)
+        out[name] = phases
+    return out
+
+
+def run(root: Path, args) -> dict:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    argv += ["--batch", str(args.batch), "--input-len", str(args.input_len)]
+    argv += ["--output-len", str(args.output_len)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compare-ref", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+    roots = {"current": ROOT}
+    worktree = None
+    if args.compare_ref:
+        worktree = Path(tempfile.mkdtemp(prefix="pagedserve-host-ref-")) / "tree"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(worktree), args.compare_ref],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        roots[args.compare_ref] = worktree
+    runs: dict[str, list[dict]] = {label: [] for label in roots}
+    try:
+        for _ in range(args.rounds):
+            for label, root in roots.items():
+                runs[label].append(run(root, args))
+                summary = {
+                    w: f"host {r['host']:.2f} ms (forward {r['forward']:.2f})"
+                    for w, r in runs[label][-1].items()
+                }
+                print(f"{label}: {summary}", flush=True)
+    finally:
+        if worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
+    best = {
+        label: {w: {p: min(r[w][p] for r in rs) for p in rs[0][w]} for w in rs[0]}
+        for label, rs in runs.items()
+    }
+    report = {
+        "command": " ".join(["benchmarks/executor_host_cost.py", *sys.argv[1:]]),
+        "batch": args.batch,
+        "runs": runs,
+        "best_ms": best,
+    }
+    for label, by_workload in best.items():
+        for w, phases in by_workload.items():
+            split = ", ".join(f"{p} {phases[p]:.2f}" for p in HOST_PHASES)
+            print(f"{label} {w}: host {phases['host']:.2f} ms per decode step ({split})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
