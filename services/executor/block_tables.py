@@ -37,6 +37,8 @@ class DeviceBlockTables:
         self._length[seq_id] = 0
 
     def update(self, seq_id: int, block_ids: list[int], replace: bool) -> None:
+        if not block_ids and not replace and seq_id in self._slot:
+            return  # most decode steps: the last block still has room
         if replace or seq_id not in self._slot:
             self.register(seq_id)
         start = self._length[seq_id]

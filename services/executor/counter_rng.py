@@ -31,9 +31,17 @@ def mix64(value: int) -> int:
 
 def row_key(seed: int, sample_index: int, position: int) -> int:
     """The key of one draw: which request (seed), which of its samples, which output token."""
-    key = mix64(seed + _GOLDEN)
-    key = mix64(key + sample_index * _GOLDEN)
-    return _signed(mix64(key + position * _GOLDEN))
+    return position_key(sample_key(seed, sample_index), position)
+
+
+def sample_key(seed: int, sample_index: int) -> int:
+    """The part of row_key fixed for a whole sample: computed once, not once per draw."""
+    return mix64(mix64(seed + _GOLDEN) + sample_index * _GOLDEN)
+
+
+def position_key(sample: int, position: int) -> int:
+    """row_key from its sample_key: one mix per draw."""
+    return _signed(mix64(sample + position * _GOLDEN))
 
 
 def _xorshift_(z: torch.Tensor, bits: int, scratch: torch.Tensor) -> None:

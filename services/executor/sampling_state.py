@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from services.executor.counter_rng import row_key
+from services.executor.counter_rng import position_key, sample_key
 from services.executor.sampler import PenaltyInputs, SamplerOutput, SamplingBatch
 from shared.protocol import SampledToken
 from shared.sampling import SamplingParams
@@ -30,6 +30,10 @@ class SeqSampling:
     num_seen: int = 0  # tokens (by position) already fed and recorded
     penalty_slot: int | None = None  # row of the PenaltyTable, penalised sequences only
     matcher: Any = None  # xgrammar.GrammarMatcher for structured output
+    key: int = field(init=False)  # sample_key(seed, sample_index): a draw's key is one mix
+
+    def __post_init__(self) -> None:
+        self.key = sample_key(self.seed, self.sample_index)
 
     @property
     def num_outputs(self) -> int:
@@ -152,6 +156,10 @@ class SamplingStates:
         """Record the tokens a plan feeds a sequence (prompt chunks, recompute, last token)."""
         state = self.seqs[seq_id]
         end = start_pos + len(token_ids)
+        if state.penalty_slot is None and state.matcher is None and state.prompt_len is not None:
+            # Most steps of most sequences: only the count of tokens seen moves.
+            state.num_seen = max(state.num_seen, end)
+            return
         if state.prompt_len is None and samples:
             state.prompt_len = end  # a sequence first samples when its whole prompt is in
         first_new = max(start_pos, state.num_seen)
@@ -193,7 +201,11 @@ class SamplingStates:
             [
                 [d.logits_row for d in draws],
                 top_k,
-                [row_key(s.seed, s.sample_index, s.num_outputs) for s in states],
+                # Greedy rows draw nothing: their keys are never read.
+                [
+                    0 if p.greedy else position_key(s.key, s.num_outputs)
+                    for p, s in zip(params, states)
+                ],
             ],
             dtype=torch.int64,
         )
@@ -283,14 +295,16 @@ class SamplingStates:
         tensors = [output.token_ids, output.logprobs, output.top_ids, output.top_logprobs]
         host = _to_host([t for t in tensors if t is not None])
         token_ids = host[0].tolist()
-        chosen = host[1].tolist() if output.logprobs is not None else None
+        if output.logprobs is None:  # no row asked for logprobs
+            return [SampledToken(d.seq_id, t) for d, t in zip(draws, token_ids)]
+        chosen = host[1].tolist()
         top_ids = host[2].tolist() if output.top_ids is not None else None
         top_values = host[3].tolist() if output.top_ids is not None else None
         tokens = []
         for i, draw in enumerate(draws):
             p = self.seqs[draw.seq_id].params
             token = SampledToken(draw.seq_id, token_ids[i])
-            if p.wants_logprob and chosen is not None:
+            if p.wants_logprob:
                 token.logprob = chosen[i]
                 k = p.num_top_logprobs(self.eos_token_ids)
                 if k and top_ids is not None:
