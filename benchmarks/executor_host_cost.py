@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,22 +32,18 @@ HOST_PHASES = ("cache_ops", "prepare", "sync_out")  # no device work in these on
 
 def worker(args) -> dict:
     """Runs in the checkout at cwd; prints one JSON line of per-phase medians in ms."""
-    sys.path.insert(0, os.getcwd())
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, os.getcwd())  # the checkout under test
     import random
 
     import torch
 
     torch.set_num_threads(1)
-    from gpu_throughput import build_model
-
+    import services
     from services.engine.llm_engine import LLMEngine
     from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
-    from shared.model_source import resolve_model
     from shared.sampling import SamplingParams
 
-    work = Path(tempfile.mkdtemp(prefix="pagedserve-host-cost-"))
-    model_dir = build_model("tiny", "cpu", torch.float32, resolve_model(None), work / "m")
+    model_dir = args.model_dir
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), device="cpu", dtype="float32"),
         cache=CacheConfig(kv_cache_bytes=int(0.2 * GiB)),
@@ -66,7 +63,7 @@ def worker(args) -> dict:
         return result
 
     executor._execute = recording
-    out = {}
+    out = {"code": str(Path(services.__file__).resolve().parents[1])}
     for name, sampling in (
         ("greedy", SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)),
         (
@@ -76,7 +73,7 @@ def worker(args) -> dict:
             ),
         ),
     ):
-        engine.generate(prompts[:4], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
+        engine.generate(prompts, replace(sampling, max_tokens=4))  # warm-up, the same shapes
         timings.clear()
         engine.generate(prompts, sampling)
         phases = {p: statistics.median(t[p] for t in timings) * 1e3 for p in timings[0]}
@@ -87,7 +84,13 @@ def worker(args) -> dict:
 
 
 def run(root: Path, args) -> dict:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--model-dir",
+        args.model_dir,
+    ]
     argv += ["--batch", str(args.batch), "--input-len", str(args.input_len)]
     argv += ["--output-len", str(args.output_len)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
@@ -98,6 +101,7 @@ def run(root: Path, args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=48)
@@ -108,6 +112,15 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
+    # Built here, once: the workers must import nothing but the checkout under test.
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from gpu_throughput import build_model
+
+    from shared.model_source import resolve_model
+
+    work = Path(tempfile.mkdtemp(prefix="pagedserve-host-cost-"))
+    args.model_dir = str(build_model("tiny", "cpu", torch.float32, resolve_model(None), work / "m"))
     roots = {"current": ROOT}
     worktree = None
     if args.compare_ref:
@@ -125,13 +138,14 @@ def main() -> int:
                 summary = {
                     w: f"host {r['host']:.2f} ms (forward {r['forward']:.2f})"
                     for w, r in runs[label][-1].items()
+                    if w != "code"
                 }
                 print(f"{label}: {summary}", flush=True)
     finally:
         if worktree is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     best = {
-        label: {w: {p: min(r[w][p] for r in rs) for p in rs[0][w]} for w in rs[0]}
+        label: {w: {p: min(r[w][p] for r in rs) for p in rs[0][w]} for w in rs[0] if w != "code"}
         for label, rs in runs.items()
     }
     report = {
