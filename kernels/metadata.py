@@ -7,6 +7,16 @@ from dataclasses import dataclass
 import torch
 
 
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting: on a GPU through pinned memory with a
+    non-blocking copy (a plain .to() would wait for all work queued on the stream, so a step
+    prepared while the previous one runs would wait for it). Elsewhere a plain copy."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    # torch's caching host allocator keeps the pinned block until the copy has run.
+    return tensor.contiguous().pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class PrefillSpan:
     """One sequence with several query tokens (a prompt, a prompt chunk or a recompute)."""
@@ -72,7 +82,7 @@ def metadata_from_table(
     device = table.device
     num_seqs = len(query_lens)
     num_tokens = sum(query_lens)
-    lens = torch.tensor([query_lens, start_positions], dtype=torch.int64).to(device)
+    lens = host_to_device(torch.tensor([query_lens, start_positions], dtype=torch.int64), device)
     lens_q, starts = lens[0], lens[1]  # [num_seqs] each
     qsl = torch.zeros(num_seqs + 1, dtype=torch.int64, device=device)
     torch.cumsum(lens_q, 0, out=qsl[1:])
@@ -123,7 +133,7 @@ def _reference_views(
             blocks = table[i, : -(-seq_len // block_size)]
             prefills.append(PrefillSpan(row, row + q_len, start_positions[i], blocks))
         row += q_len
-    decode_idx = torch.tensor(decode_seq_idx, dtype=torch.int64).to(device)
+    decode_idx = host_to_device(torch.tensor(decode_seq_idx, dtype=torch.int64), device)
     if decode_seq_idx:
         max_decode_blocks = -(-max_decode_len // block_size)
         decode_blocks = table[decode_idx, :max_decode_blocks]

@@ -174,3 +174,41 @@ def test_a_plan_that_fails_on_its_pending_tokens_still_releases_freed_sequences(
     result = executor.execute(ahead)
     assert result.error is not None and "no sampled token" in result.error
     assert 9 not in executor.block_tables and 9 not in executor.sampling.seqs
+
+
+def test_a_step_launched_behind_one_in_flight_reads_its_inputs_on_the_device(tiny_model_dir):
+    # The executor queues step N+1 before N's samples reach the host: N+1's pending inputs
+    # come from N's sampled-id tensor. Results equal running the two one after the other,
+    # and a sequence that N+1's plan frees (N sampled for it) leaves no state behind.
+    from shared.protocol import ScheduledSeq, StepPlan
+
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=3, ignore_eos=True)
+
+    def plans() -> list[StepPlan]:
+        prompts = [
+            ScheduledSeq(1, [3, 4, 5], 0, [1], True, True, sampling=greedy),
+            ScheduledSeq(2, [6, 7, 8, 9], 0, [2], True, True, sampling=seeded),
+            ScheduledSeq(3, [10, 11], 0, [3], True, True, sampling=greedy),
+        ]
+        second = [ScheduledSeq(i, [PENDING_TOKEN], n, [], False, True) for i, n in ((1, 3), (2, 4))]
+        third = [ScheduledSeq(i, [PENDING_TOKEN], n, [], False, True) for i, n in ((1, 4), (2, 5))]
+        return [
+            StepPlan(0, prompts),
+            StepPlan(1, second, freed_seq_ids=[3]),  # 3 finished after its prompt step
+            StepPlan(2, third),
+        ]
+
+    serial = LLMEngine(engine_config(tiny_model_dir)).executor
+    expected = [serial.execute(plan).tokens for plan in plans()]
+
+    executor = LLMEngine(engine_config(tiny_model_dir)).executor
+    first, second, third = plans()
+    flight0 = executor.launch(first)
+    flight1 = executor.launch(second)  # step 0 not collected: inputs from its device tensor
+    result0 = executor.collect(flight0)
+    flight2 = executor.launch(third)
+    got = [result0.tokens, executor.collect(flight1).tokens, executor.collect(flight2).tokens]
+    assert all(r.error is None for r in (result0, flight1.result, flight2.result))
+    assert got == expected
+    assert 3 not in executor.sampling.seqs and 3 not in executor._last_sampled

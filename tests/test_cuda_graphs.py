@@ -83,3 +83,23 @@ def test_cuda_graphs_on_and_off_give_identical_greedy_tokens(tiny_model_dir):
         return [o.outputs[0].token_ids for o in engine.generate(prompts, greedy)]
 
     assert run(False) == run(True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_steps_launched_behind_the_one_in_flight_give_the_serial_tokens(tiny_model_dir):
+    # On a GPU a launch returns before the device has run the step: the next step's inputs
+    # come from the previous step's sampled-id tensor, ordered by the stream alone.
+    prompts = random_prompts([3, 9, 17, 2, 30, 64, 1, 40, 5, 12], 384, seed=5)
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=9, ignore_eos=True)
+    base = engine_config(tiny_model_dir, block_size=16, max_num_seqs=16)
+    model = dataclasses.replace(base.model, device="cuda", attention_backend="triton")
+    config = dataclasses.replace(base, model=model)
+
+    def run(overlap: bool, sampling: SamplingParams) -> list[list[int]]:
+        engine = LLMEngine(config, overlap_steps=overlap)
+        return [o.outputs[0].token_ids for o in engine.generate(prompts, sampling)]
+
+    for sampling in (greedy, seeded):
+        assert run(True, sampling) == run(False, sampling)

@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.executor.executor import Executor
 from services.scheduler.scheduler import GroupUpdate, Scheduler
@@ -18,7 +19,7 @@ from services.scheduler.sequence import SequenceGroup
 from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
 from shared.model_source import resolve_model
-from shared.protocol import SampledToken, StepPlan, StepResult
+from shared.protocol import SampledToken, StepPlan
 from shared.sampling import SamplingParams
 
 
@@ -65,13 +66,14 @@ class StepStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, overlap_steps: bool = False) -> None:
-        """overlap_steps: run the scheduler service's async ordering in one process (plan and
-        execute step N+1 before applying step N's result). It gains nothing here, where the
-        executor is synchronous, and reports each step's tokens one step late on the clock of
-        a replay; it exists so that tests cover that ordering deterministically."""
+        """overlap_steps: async scheduling in one process: plan step N+1 and launch it behind
+        step N before N's samples reach the host, then apply N's result. On a GPU the device
+        then runs N+1 while the host turns N's samples into tokens and plans N+2; on a CPU,
+        where a launch computes the whole step, it gains nothing (and reports each step's
+        tokens one step late on a replay's clock), but tests cover that ordering with it."""
         self.config = config
         self.overlap_steps = overlap_steps and config.scheduler.async_scheduling
-        self._ahead: tuple[StepPlan, StepResult] | None = None  # planned and run, not applied
+        self._ahead: tuple[StepPlan, Any] | None = None  # planned and launched, not applied
         if config.executor == "sim":
             from services.executor.sim import SimExecutor
 
@@ -124,14 +126,15 @@ class LLMEngine:
     def step(self) -> list[GroupUpdate]:
         t1 = time.perf_counter()
         if self._ahead is not None:
-            (plan, result), self._ahead = self._ahead, None
+            (plan, flight), self._ahead = self._ahead, None
         else:
             plan = self.loop.plan()
-            result = self.executor.execute(plan)
+            flight = self.executor.launch(plan)
         if self.overlap_steps:
             ahead = self.loop.plan_ahead()
-            if ahead is not None:  # runs before `plan` is applied, as in the service
-                self._ahead = (ahead, self.executor.execute(ahead))
+            if ahead is not None:  # queued behind `plan` before its samples are read
+                self._ahead = (ahead, self.executor.launch(ahead))
+        result = self.executor.collect(flight)
         t2 = time.perf_counter()
         self.last_step_num_seqs = len(plan.seqs)  # the batch the step ran (for benchmarks)
         updates = self.loop.finish(plan, result)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.metadata import host_to_device
+
 
 class DeviceBlockTables:
     def __init__(self, max_blocks_per_seq: int, device: torch.device, slots: int = 64) -> None:
@@ -65,12 +67,12 @@ class DeviceBlockTables:
             # One value per cell: a scatter with repeated indices has no defined winner on a GPU.
             last = {(slot, col): block for slot, col, block in self._writes}
             flat = [(slot, col, block) for (slot, col), block in last.items()]
-            writes = torch.tensor(flat, dtype=torch.int64).T.to(self.device)
+            writes = host_to_device(torch.tensor(flat, dtype=torch.int64).T, self.device)
             self.table[writes[0], writes[1]] = writes[2]
             self._writes = []
         width = max(max((self._length[s] for s in seq_ids), default=0), 1)
         slots = torch.tensor([self._slot[s] for s in seq_ids], dtype=torch.int64)
-        return self.table[slots.to(self.device), :width]
+        return self.table[host_to_device(slots, self.device), :width]
 
     def _grow(self) -> None:
         old = self.table.shape[0]

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import json
 import logging
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
 import torch
 
+from kernels.metadata import host_to_device
 from kernels.ops import select_ops
 from services.executor.block_tables import DeviceBlockTables
 from services.executor.cuda_graphs import DecodeGraphs
@@ -27,15 +30,35 @@ from services.executor.llama import LlamaSpec
 from services.executor.phase_timer import PhaseTimer
 from services.executor.quantize_model import quantize_model, resolve_quantization
 from services.executor.sampler import sample
-from services.executor.sampling_state import Draw, SamplingStates
+from services.executor.sampling_state import Draw, HostCopy, SamplingStates, start_copy
 from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divisible, init_group
 from services.executor.weights import load_hf_config, load_model
 from shared import wire
 from shared.config import EngineConfig
 from shared.model_source import source_gguf
 from shared.protocol import PENDING_TOKEN, ExecutorReady, StepPlan, StepResult
+from shared.sampling import SamplingParams
 
 log = logging.getLogger("pagedserve.executor")
+
+
+@dataclasses.dataclass
+class StepInFlight:
+    """A launched step: its device work queued, its sampled ids perhaps still on their way."""
+
+    step_id: int
+    draws: list[Draw] = dataclasses.field(default_factory=list)
+    timer: PhaseTimer | None = None
+    copy: HostCopy | None = None  # the sampled ids (and logprobs) being copied to the host
+    params: list[SamplingParams] | None = None  # each draw's, when some row wants logprobs
+    device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
+    rows: dict[int, int] = dataclasses.field(default_factory=dict)  # seq_id -> its draw
+    result: StepResult | None = None  # once collected (at launch for failures, empty steps)
+
+    def landed(self) -> bool:
+        """Its samples are on the host (collect() would not wait)."""
+        return self.result is not None or self.copy is None or self.copy.done()
+
 
 DTYPES = {
     "float32": torch.float32,
@@ -101,6 +124,7 @@ class Executor:
         )
         self._grammars: GrammarCompiler | None = None
         self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
+        self._latest: StepInFlight | None = None  # the last launched step, until collected
         self.graphs = self._capture_graphs(config)
 
     def _capture_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
@@ -200,27 +224,63 @@ class Executor:
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply the plan; a failure becomes StepResult.error so its requests end, not hang."""
+        return self.collect(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> StepInFlight:
+        """Queue the plan's device work and the copy of its samples; return without waiting.
+
+        A plan made ahead (async scheduling) may name inputs that the previous step, still in
+        flight, is sampling: they are read from that step's device tensor, so this step is
+        queued behind it and the device never waits for the host in between. Never raises: a
+        failure is the flight's result."""
         try:
             # Before the pending tokens are filled in, which may fail: the scheduler never names
             # the freed ids again, so a failed plan must still release them.
             self._forget(plan.freed_seq_ids)
-            plan = self._fill_pending_tokens(plan)
+            plan, fills = self._resolve_pending(plan)
             if self.shard.size > 1 and self.shard.is_driver:
                 if not self.ranks_alive():
                     raise RuntimeError("a tensor-parallel rank has exited")
                 broadcast_bytes(self.shard, wire.encode(plan), self._comm_device)
-            result = self._execute(plan)
-            for token in result.tokens:
-                self._last_sampled[token.seq_id] = token.token_id
-            return result
+            flight = self._launch(plan, fills)
         except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which ends requests
-            traceback.print_exc()
-            if self.shard.size > 1:
-                # The other ranks may now wait in a collective this rank will never issue: the
-                # group is out of step for good. The executor stops (ranks_alive() turns False)
-                # and is replaced like any dead executor.
-                self._broken = True
-            return StepResult(plan.step_id, [], error=f"{type(exc).__name__}: {exc}")
+            flight = StepInFlight(plan.step_id, result=self._failure(plan.step_id, exc))
+        if flight.result is None:
+            self._latest = flight
+        return flight
+
+    def collect(self, flight: StepInFlight) -> StepResult:
+        """Wait for the flight's samples (only they: work queued after it runs on)."""
+        if self._latest is flight:
+            self._latest = None
+        if flight.result is not None:
+            return flight.result
+        try:
+            tokens = []
+            if flight.copy is not None:
+                flight.copy.wait()
+            start = time.perf_counter()  # host work only: the wait above is the device's
+            if flight.copy is not None:
+                tokens = self.sampling.records(flight.draws, flight.copy, flight.params)
+            timings = flight.timer.seconds()
+            timings["records"] = time.perf_counter() - start
+            flight.result = StepResult(flight.step_id, tokens, timings)
+            for token in tokens:
+                # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
+                if token.seq_id in self.sampling:
+                    self._last_sampled[token.seq_id] = token.token_id
+        except Exception as exc:  # noqa: BLE001 - as in launch()
+            flight.result = self._failure(flight.step_id, exc)
+        return flight.result
+
+    def _failure(self, step_id: int, exc: Exception) -> StepResult:
+        traceback.print_exception(exc)
+        if self.shard.size > 1:
+            # The other ranks may now wait in a collective this rank will never issue: the
+            # group is out of step for good. The executor stops (ranks_alive() turns False)
+            # and is replaced like any dead executor.
+            self._broken = True
+        return StepResult(step_id, [], error=f"{type(exc).__name__}: {exc}")
 
     def _forget(self, seq_ids: list[int]) -> None:
         """The scheduler freed these sequences: drop their tables and (rank 0) their state."""
@@ -230,27 +290,53 @@ class Executor:
                 self.sampling.forget(seq_id)
                 self._last_sampled.pop(seq_id, None)
 
-    def _fill_pending_tokens(self, plan: StepPlan) -> StepPlan:
+    def _resolve_pending(self, plan: StepPlan) -> tuple[StepPlan, list[tuple[int, int]]]:
         """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
-        token this executor sampled for that sequence in the previous step. Returns a copy with
-        them filled in (the caller's plan is left as it was sent)."""
+        token this executor sampled for that sequence in the previous step. Returns a copy
+        with them filled in from the host, or, where the previous step is still in flight,
+        with a placeholder and (flat input row, row of that step's samples) to copy on the
+        device. The caller's plan is left as it was sent."""
         # A pending token is always a decode's only input: no scan of long prompt chunks.
         pending = [i for i, s in enumerate(plan.seqs) if s.token_ids[-1:] == [PENDING_TOKEN]]
         if not pending:
-            return plan
+            return plan, []
+        prev = self._latest
+        on_device: set[int] = set()
+        if prev is not None:
+            on_device = {i for i in pending if plan.seqs[i].seq_id in prev.rows}
+            # Penalties and grammars read token values on the host; the other ranks of a
+            # tensor-parallel group get the plan with its tokens: those wait for the copy.
+            if on_device and (
+                self.shard.size > 1
+                or not all(self.sampling.plain(plan.seqs[i].seq_id) for i in on_device)
+            ):
+                self.collect(prev)  # its result waits in the flight for its own collect()
+                on_device = set()
         seqs = list(plan.seqs)
+        fills = []
+        flat = list(itertools.accumulate((len(s.token_ids) for s in seqs), initial=0))
         for i in pending:
             seq = seqs[i]
-            if len(seq.token_ids) != 1 or seq.seq_id not in self._last_sampled:
+            if len(seq.token_ids) != 1:
+                raise ValueError(f"sequence {seq.seq_id}: a pending input beside others")
+            if i in on_device:
+                token = 0  # overwritten on the device before the forward pass
+                fills.append((flat[i], prev.rows[seq.seq_id]))
+            elif seq.seq_id in self._last_sampled:
+                token = self._last_sampled[seq.seq_id]
+            else:
                 raise ValueError(f"sequence {seq.seq_id}: no sampled token for its input")
-            seqs[i] = dataclasses.replace(seq, token_ids=[self._last_sampled[seq.seq_id]])
-        return dataclasses.replace(plan, seqs=seqs)
+            seqs[i] = dataclasses.replace(seq, token_ids=[token])
+        return dataclasses.replace(plan, seqs=seqs), fills
 
     def _execute(self, plan: StepPlan) -> StepResult:
+        """Ranks 1..: one plan, start to end."""
+        self._forget(plan.freed_seq_ids)  # rank 0 does it in launch()
+        return self.collect(self._launch(plan, []))
+
+    def _launch(self, plan: StepPlan, fills: list[tuple[int, int]]) -> StepInFlight:
         timer = PhaseTimer(self.device)
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
-        if not driver:
-            self._forget(plan.freed_seq_ids)  # rank 0 did it in execute()
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
         for seq in plan.seqs:
             if seq.seq_id not in self.block_tables:
@@ -265,7 +351,7 @@ class Executor:
                 self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
         timer.mark("cache_ops")
         if not plan.seqs:
-            return StepResult(plan.step_id, [], timer.seconds())
+            return StepInFlight(plan.step_id, result=StepResult(plan.step_id, [], timer.seconds()))
 
         inputs = build_inputs(
             plan.seqs,
@@ -285,6 +371,9 @@ class Executor:
                 draws.append(Draw(row, seq.seq_id))
                 draws.extend(Draw(row, child_id) for child_id in seq.fork_seq_ids)
         batch = self.sampling.build(draws) if draws else None
+        if fills:  # inputs the previous step is still sampling: read from its device tensor
+            at, rows = host_to_device(torch.tensor(fills, dtype=torch.int64).T, self.device)
+            inputs.input_ids[at] = self._latest.device_tokens[rows]
         timer.mark("prepare")
         with torch.inference_mode():
             decode_only = inputs.attention.max_query_len == 1 and len(sampling_seqs) == len(
@@ -302,11 +391,19 @@ class Executor:
             timer.mark("forward")
             output = sample(logits, batch) if batch is not None else None
         timer.mark("sample")
-        # The step's one host synchronisation: sampled ids (and asked-for logprobs) only.
-        tokens = self.sampling.results(draws, output) if output is not None else []
+        flight = StepInFlight(plan.step_id, draws, timer)
+        if output is not None:
+            # The step's one host synchronisation, waited for in collect(): sampled ids (and
+            # asked-for logprobs) only.
+            flight.copy = start_copy(output)
+            flight.device_tokens = output.token_ids
+            flight.rows = {d.seq_id: i for i, d in enumerate(draws)}
+            if batch.num_logprobs >= 0:
+                flight.params = [self.sampling.seqs[d.seq_id].params for d in draws]
+        # The copy is queued (on a CPU, done): the step's device work ends here, whatever runs
+        # between now and its collect() (the next step, launched meanwhile) is not its own.
         timer.mark("sync_out")
-        timings = timer.seconds()
-        return StepResult(plan.step_id, tokens, timings)
+        return flight
 
 
 def _device(name: str, rank: int = 0) -> torch.device:

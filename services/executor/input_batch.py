@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.metadata import AttentionMetadata, metadata_from_table
+from kernels.metadata import AttentionMetadata, host_to_device, metadata_from_table
 from shared.protocol import ScheduledSeq
 
 
@@ -39,8 +39,8 @@ def build_inputs(
     )
     sampling = torch.tensor([i for i, s in enumerate(seqs) if s.sample], dtype=torch.int64)
     return ModelInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
+        input_ids=host_to_device(torch.tensor(input_ids, dtype=torch.int64), device),
         positions=attention.positions,
         attention=attention,
-        logits_rows=attention.query_start_loc[1:][sampling.to(device)] - 1,
+        logits_rows=attention.query_start_loc[1:][host_to_device(sampling, device)] - 1,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kernels.metadata import host_to_device
 from services.executor.counter_rng import position_key, sample_key
 from services.executor.sampler import PenaltyInputs, SamplerOutput, SamplingBatch
 from shared.protocol import SampledToken
@@ -92,7 +93,7 @@ class PenaltyTable:
 
 
 def _pairs(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, ...]:
-    both = torch.tensor(pairs, dtype=torch.int64).T.contiguous().to(device)
+    both = host_to_device(torch.tensor(pairs, dtype=torch.int64).T.contiguous(), device)
     return both[0], both[1]
 
 
@@ -209,7 +210,7 @@ class SamplingStates:
             ],
             dtype=torch.int64,
         )
-        floats, ints = _to_device(floats, self.device), _to_device(ints, self.device)
+        floats, ints = host_to_device(floats, self.device), host_to_device(ints, self.device)
         asked = [p.num_top_logprobs(self.eos_token_ids) for p in params if p.wants_logprob]
         batch = SamplingBatch(
             logits_rows=ints[0],
@@ -235,7 +236,7 @@ class SamplingStates:
         rows = [i for i, s in enumerate(states) if s.penalty_slot is not None]
         if not rows:
             return
-        slots = torch.tensor([states[i].penalty_slot for i in rows], device=self.device)
+        slots = host_to_device(torch.tensor([states[i].penalty_slot for i in rows]), self.device)
         values = torch.tensor(
             [
                 [states[i].params.presence_penalty for i in rows],
@@ -244,9 +245,9 @@ class SamplingStates:
             ],
             dtype=torch.float32,
         )
-        values = _to_device(values, self.device)
+        values = host_to_device(values, self.device)
         batch.penalties = PenaltyInputs(
-            rows=torch.tensor(rows, device=self.device),
+            rows=host_to_device(torch.tensor(rows), self.device),
             output_counts=self.penalties.output_counts.index_select(0, slots),
             prompt_mask=self.penalties.prompt_mask.index_select(0, slots),
             presence=values[0],
@@ -274,9 +275,11 @@ class SamplingStates:
                     tokens.append(token)
                     values.append(float("-inf"))
         if rows:
-            batch.edit_rows = torch.tensor(rows, device=self.device)
-            batch.edit_tokens = torch.tensor(tokens, device=self.device)
-            batch.edit_values = torch.tensor(values, dtype=torch.float32, device=self.device)
+            edits = host_to_device(torch.tensor([rows, tokens], dtype=torch.int64), self.device)
+            batch.edit_rows, batch.edit_tokens = edits[0], edits[1]
+            batch.edit_values = host_to_device(
+                torch.tensor(values, dtype=torch.float32), self.device
+            )
 
     def _add_grammar(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
         rows = [i for i, s in enumerate(states) if s.matcher is not None]
@@ -290,19 +293,36 @@ class SamplingStates:
         batch.grammar_bitmask = bitmask
         batch.grammar_rows = rows
 
+    def plain(self, seq_id: int) -> bool:
+        """Its next draw needs no token values of its history (no penalties, no grammar):
+        only positions, so its input may still be on the device when the step is prepared."""
+        state = self.seqs[seq_id]
+        return state.penalty_slot is None and state.matcher is None and state.prompt_len is not None
+
     def results(self, draws: list[Draw], output: SamplerOutput) -> list[SampledToken]:
         """Copy the step's draws to the host (the step's one synchronisation) as records."""
-        tensors = [output.token_ids, output.logprobs, output.top_ids, output.top_logprobs]
-        host = _to_host([t for t in tensors if t is not None])
+        return self.records(draws, start_copy(output))
+
+    def records(
+        self,
+        draws: list[Draw],
+        copy: HostCopy,
+        params: list[SamplingParams] | None = None,
+    ) -> list[SampledToken]:
+        """The draws as records once their copy has landed. params: each draw's parameters as
+        they were at launch (its sequence may be forgotten since); needed only with logprobs."""
+        host = copy.wait()
         token_ids = host[0].tolist()
-        if output.logprobs is None:  # no row asked for logprobs
+        if copy.output.logprobs is None:  # no row asked for logprobs
             return [SampledToken(d.seq_id, t) for d, t in zip(draws, token_ids)]
+        if params is None:
+            params = [self.seqs[d.seq_id].params for d in draws]
         chosen = host[1].tolist()
-        top_ids = host[2].tolist() if output.top_ids is not None else None
-        top_values = host[3].tolist() if output.top_ids is not None else None
+        top_ids = host[2].tolist() if copy.output.top_ids is not None else None
+        top_values = host[3].tolist() if copy.output.top_ids is not None else None
         tokens = []
         for i, draw in enumerate(draws):
-            p = self.seqs[draw.seq_id].params
+            p = params[i]
             token = SampledToken(draw.seq_id, token_ids[i])
             if p.wants_logprob:
                 token.logprob = chosen[i]
@@ -313,16 +333,31 @@ class SamplingStates:
         return tokens
 
 
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type != "cuda":
-        return tensor.to(device)
-    # Pinned source (from torch's caching host allocator): the copy does not block the host.
-    return tensor.pin_memory().to(device, non_blocking=True)
+@dataclass
+class HostCopy:
+    """A step's sampled ids (and logprobs) on their way to the host: on a GPU the copies are
+    queued behind the step and an event marks their end, so waiting for them does not wait for
+    work queued after (the next step, launched meanwhile)."""
+
+    output: SamplerOutput
+    host: list[torch.Tensor]  # pinned on a GPU; filled once `event` has passed
+    event: Any = None  # torch.cuda.Event, or None where the copies were synchronous
+
+    def done(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
 
 
-def _to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    if not tensors or tensors[0].device.type != "cuda":
-        return [t.cpu() for t in tensors]
+def start_copy(output: SamplerOutput) -> HostCopy:
+    tensors = [output.token_ids, output.logprobs, output.top_ids, output.top_logprobs]
+    tensors = [t for t in tensors if t is not None]
+    if tensors[0].device.type != "cuda":
+        return HostCopy(output, [t.cpu() for t in tensors])
     host = [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned buffers
-    torch.cuda.current_stream(tensors[0].device).synchronize()
-    return host
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(tensors[0].device))
+    return HostCopy(output, host, event)

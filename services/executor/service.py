@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import torch
 import zmq
@@ -21,6 +22,7 @@ from shared.protocol import ExecutorHeartbeat, Shutdown, StepPlan
 
 log = logging.getLogger("pagedserve.executor")
 HEARTBEAT_S = 1.0
+LANDED_POLL_S = 50e-6  # between checks for a plan or the step's end: a fraction of any step
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -54,9 +56,20 @@ def serve(args: argparse.Namespace) -> int:
         )
     # SIGTERM (the launcher's stop) unwinds through `finally`, which stops the other TP ranks.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    flight = None  # the last launched step, its result not sent yet
     try:
         while True:
-            message = recv_sync(plans, timeout_ms=1000)
+            if flight is not None:
+                # A plan that arrives while this step runs (async scheduling planned it
+                # ahead) is launched behind it before its samples are read, so the device
+                # goes on without waiting for the host.
+                message = _plan_or_landed(plans, flight)
+                if message is None:
+                    send_sync(results, executor.collect(flight))
+                    flight = None
+                    continue
+            else:
+                message = recv_sync(plans, timeout_ms=1000)
             if not executor.ranks_alive():
                 log.error("a tensor-parallel rank has exited; the executor cannot go on")
                 return 1
@@ -72,17 +85,29 @@ def serve(args: argparse.Namespace) -> int:
                 executor.close()
                 return 0
             if isinstance(message, StepPlan):
-                result = executor.execute(message)
+                launched = executor.launch(message)
+                if flight is not None:
+                    send_sync(results, executor.collect(flight))
+                flight = launched
                 if not executor.ranks_alive():
                     # A dead rank is this executor's death: exit instead of failing requests, so
                     # the launcher starts a new executor and the scheduler recomputes them there.
                     log.error("a tensor-parallel rank has exited; exiting so that all restart")
                     return 1
-                send_sync(results, result)
     finally:
         stop.set()
         executor.close()
         ctx.destroy(linger=0)
+
+
+def _plan_or_landed(plans: zmq.Socket, flight) -> object | None:
+    """The next message if one arrives before the flight's samples have landed, else None."""
+    while True:
+        if plans.poll(0, zmq.POLLIN):
+            return recv_sync(plans)
+        if flight.landed():
+            return None
+        time.sleep(LANDED_POLL_S)
 
 
 def _heartbeat(ctx: zmq.Context, address: str, stop: threading.Event) -> None:

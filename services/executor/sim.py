@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from services.executor.cost_model import GPUS, MODELS, kv_cache_bytes, step_cost
+from services.executor.executor import StepInFlight
 from shared.config import EngineConfig
 from shared.protocol import ExecutorReady, SampledToken, StepPlan, StepResult
 
@@ -59,6 +60,13 @@ class SimExecutor:
 
     def close(self) -> None:
         """Nothing to stop: the simulator has no other ranks."""
+
+    def launch(self, plan: StepPlan) -> StepInFlight:
+        """Simulated steps complete at once."""
+        return StepInFlight(plan.step_id, result=self.execute(plan))
+
+    def collect(self, flight: StepInFlight) -> StepResult:
+        return flight.result
 
     def execute(self, plan: StepPlan) -> StepResult:
         seconds = step_cost(plan, self.gpu, self.model, self.block_size, self.overhead_s).seconds
