@@ -55,16 +55,37 @@ def worker(args) -> dict:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 384) for _ in range(args.input_len)] for _ in range(args.batch)]
     executor = engine.executor
-    execute = executor._execute
     timings: list[dict[str, float]] = []
 
-    def recording(plan):
-        result = execute(plan)
-        if len(plan.seqs) == args.batch and plan.num_tokens == args.batch:  # decode only
-            timings.append(result.timings)
-        return result
+    def decode_only(plan) -> bool:
+        return len(plan.seqs) == args.batch and plan.num_tokens == args.batch
 
-    executor._execute = recording
+    if hasattr(executor, "launch"):  # launch() and collect(): the step's timings at collect
+        launch, collect = executor.launch, executor.collect
+        decode_steps: set[int] = set()
+
+        def recording_launch(plan):
+            if decode_only(plan):
+                decode_steps.add(plan.step_id)
+            return launch(plan)
+
+        def recording_collect(flight):
+            result = collect(flight)
+            if result.step_id in decode_steps:
+                timings.append(result.timings)
+            return result
+
+        executor.launch, executor.collect = recording_launch, recording_collect
+    else:  # earlier code: one _execute() per step
+        execute = executor._execute
+
+        def recording(plan):
+            result = execute(plan)
+            if decode_only(plan):
+                timings.append(result.timings)
+            return result
+
+        executor._execute = recording
     out = {"code": str(Path(services.__file__).resolve().parents[1])}
     for name, sampling in (
         ("greedy", SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)),
