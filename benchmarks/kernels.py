@@ -1,10 +1,13 @@
-"""GPU: our paged decode kernel against dense SDPA over contiguous K/V, plus achieved bandwidth.
+"""GPU: our paged attention kernels against dense SDPA over contiguous K/V.
 
-For batch 8/32/128 and context 64..4096 (every sequence at the same length), times
+Decode: for batch 8/32/128 and context 64..4096 (every sequence at the same length), times
 `kernels.triton_decode.paged_decode_attention` over a shuffled block pool and
 `scaled_dot_product_attention` over contiguous K/V of the same lengths, prints a ratio table and
-the bytes/s each achieves against this device's measured device-to-device copy bandwidth, and
-writes JSON. Needs CUDA; elsewhere it says so and exits 1.
+the bytes/s each achieves against this device's measured device-to-device copy bandwidth.
+Prefill: for 1/8/32 prompts of 128..2048 tokens, `kernels.triton_prefill.paged_prefill_attention`
+(causal, varlen, K/V read through the block table) against causal SDPA over the same prompts
+padded to one length, with the TFLOP/s each achieves. Writes JSON. Needs CUDA; elsewhere it says
+so and exits 1.
 
     .venv/bin/python benchmarks/kernels.py --dtype bfloat16
 """
@@ -67,6 +70,43 @@ def measure(batch, context, h, hkv, d, bs, dtype, device, peak) -> dict:
     }
 
 
+def measure_prefill(batch, length, h, hkv, d, bs, dtype, device, bench) -> dict:
+    """One (batch, prompt length) cell: the paged prefill kernel vs causal SDPA."""
+    from kernels.triton_prefill import paged_prefill_attention
+
+    blocks_per_seq = -(-length // bs)
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, bs, hkv, d, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
+    seq_lens = torch.full((batch,), length, device=device, dtype=torch.int32)
+    qsl = torch.arange(0, (batch + 1) * length, length, device=device, dtype=torch.int32)
+    q = torch.randn(batch * length, h, d, device=device, dtype=dtype)
+    scale = d**-0.5
+    paged_ms = bench(
+        lambda: paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens, scale, length)
+    )
+    k = k_cache[table].view(batch, -1, hkv, d)[:, :length].transpose(1, 2).contiguous()
+    v = v_cache[table].view(batch, -1, hkv, d)[:, :length].transpose(1, 2).contiguous()
+    qd = q.view(batch, length, h, d).transpose(1, 2).contiguous()
+    sdpa_ms = bench(
+        lambda: F.scaled_dot_product_attention(
+            qd, k, v, scale=scale, is_causal=True, enable_gqa=True
+        )
+    )
+    # Causal: half of the L x L scores, two matrix products (QK^T and PV), 2 FLOP per MAC.
+    flop = 2 * 2 * batch * h * d * length * (length + 1) / 2
+    return {
+        "batch": batch,
+        "prompt_len": length,
+        "paged_us": paged_ms * 1e3,
+        "sdpa_us": sdpa_ms * 1e3,
+        "ratio_paged_over_sdpa": paged_ms / sdpa_ms,
+        "paged_tflop_per_s": flop / (paged_ms / 1e3) / 1e12,
+        "sdpa_tflop_per_s": flop / (sdpa_ms / 1e3) / 1e12,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -78,6 +118,8 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--batches", default="8,32,128")
     parser.add_argument("--contexts", default="64,256,1024,2048,4096")
+    parser.add_argument("--prefill-batches", default="1,8,32")
+    parser.add_argument("--prefill-lens", default="128,512,2048")
     parser.add_argument("--output", default="benchmarks/results/kernels.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -100,6 +142,23 @@ def main() -> int:
                 f"{batch:>6} {context:>8} {row['paged_us']:>9.1f} {row['sdpa_us']:>9.1f} "
                 f"{row['ratio_paged_over_sdpa']:>6.2f} {row['paged_bytes_per_s'] / 1e9:>11.0f}"
             )
+    import triton.testing
+
+    prefill_rows = []
+    print("prefill (causal)")
+    header = ("batch", "prompt", "paged us", "sdpa us", "ratio", "paged TF/s", "sdpa TF/s")
+    print("{:>6} {:>8} {:>9} {:>9} {:>6} {:>10} {:>10}".format(*header))
+    for batch in map(int, args.prefill_batches.split(",")):
+        for length in map(int, args.prefill_lens.split(",")):
+            row = measure_prefill(
+                batch, length, h, hkv, d, bs, dtype, device, triton.testing.do_bench
+            )
+            prefill_rows.append(row)
+            print(
+                f"{batch:>6} {length:>8} {row['paged_us']:>9.1f} {row['sdpa_us']:>9.1f} "
+                f"{row['ratio_paged_over_sdpa']:>6.2f} {row['paged_tflop_per_s']:>10.1f} "
+                f"{row['sdpa_tflop_per_s']:>10.1f}"
+            )
     result = {
         "command": " ".join(sys.argv),
         "device": torch.cuda.get_device_name(),
@@ -112,6 +171,7 @@ def main() -> int:
             "dtype": args.dtype,
         },
         "rows": rows,
+        "prefill_rows": prefill_rows,
     }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
