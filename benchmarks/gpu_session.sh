@@ -48,9 +48,11 @@ for s in $STAGES; do
             tests/test_phase_timer.py tests/test_cuda_graphs.py ;;
     kernels)
         stage kernels 150 $PY benchmarks/kernels.py --dtype bfloat16 --output "$OUT/kernels.json" ;;
-    1b)  # in-process (CUDA graphs and eager), served (async and sync), transformers generate
+    1b)  # in-process (overlapped, one step after another, eager), served (async and sync),
+        # transformers generate
         stage 1b 270 $PY benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \
-            --workloads fixed --compare-eager --served-sync --json "$OUT/gpu_throughput_1b.json" ;;
+            --workloads fixed --compare-eager --compare-sync --served-sync \
+            --json "$OUT/gpu_throughput_1b.json" ;;
     1b-varied)
         stage 1b-varied 150 $PY benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \
             --workloads varied --skip-hf --json "$OUT/gpu_throughput_1b_varied.json" ;;

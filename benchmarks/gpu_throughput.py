@@ -3,7 +3,8 @@
 Builds a random-weight Llama of a named shape on the device (nothing downloaded), saves it with
 a tokenizer, and runs two workloads for all three in one run: fixed (256 requests, 256 prompt
 tokens, 256 output tokens) and varied (prompt and output lengths uniform in 32-512, seeded).
-Greedy, `ignore_eos`, bf16. Writes tok/s, ms per step (CUDA-synchronised: the executor copies
+Greedy, `ignore_eos`, bf16. In-process runs overlap steps (each launched behind the one in
+flight, as the engine does on CUDA; --compare-sync adds one-after-another). Writes tok/s, ms per step (CUDA-synchronised: the executor copies
 the sampled ids out once per step), the per-phase split, TTFT/TPOT of the served run and the
 device name.
 
@@ -83,7 +84,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_in_process(model_dir: Path, args, prompts, out_lens, enforce_eager: bool = False) -> dict:
+def run_in_process(
+    model_dir: Path, args, prompts, out_lens, enforce_eager: bool = False, overlap: bool = True
+) -> dict:
     config = EngineConfig(
         model=ModelConfig(
             model=str(model_dir), dtype=args.dtype, device=args.device, enforce_eager=enforce_eager
@@ -91,7 +94,8 @@ def run_in_process(model_dir: Path, args, prompts, out_lens, enforce_eager: bool
         cache=CacheConfig(kv_cache_bytes=int(args.kv_cache_gb * GiB)),
         scheduler=SchedulerConfig(max_num_seqs=args.num_requests, max_num_batched_tokens=8192),
     )
-    engine = LLMEngine(config)
+    # overlap: step N+1 is planned and launched behind N before N's samples are read.
+    engine = LLMEngine(config, overlap_steps=overlap)
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     engine.stats.seconds.clear()
     engine.stats.num_steps = 0
@@ -297,6 +301,11 @@ def main() -> None:
         help="also run in-process with --enforce-eager (no CUDA graphs)",
     )
     parser.add_argument(
+        "--compare-sync",
+        action="store_true",
+        help="also run in-process without overlapped steps (each launched after the last ended)",
+    )
+    parser.add_argument(
         "--served-sync",
         action="store_true",
         help="also serve with --no-async-scheduling, to compare the two loops",
@@ -323,6 +332,13 @@ def main() -> None:
         for kind in args.workloads:
             prompts, out_lens = workload(kind, args, vocab)
             entry = {"in_process": run_in_process(model_dir, args, prompts, out_lens)}
+            if args.compare_sync:  # launched behind the step in flight, or one after another
+                entry["in_process_sync"] = run_in_process(
+                    model_dir, args, prompts, out_lens, overlap=False
+                )
+                entry["overlap_over_sync"] = (
+                    entry["in_process"]["tok_per_s"] / entry["in_process_sync"]["tok_per_s"]
+                )
             if args.compare_eager:  # CUDA graphs (the default on CUDA) against eager steps
                 entry["in_process_eager"] = run_in_process(
                     model_dir, args, prompts, out_lens, enforce_eager=True

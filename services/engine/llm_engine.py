@@ -65,14 +65,15 @@ class StepStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, overlap_steps: bool = False) -> None:
+    def __init__(self, config: EngineConfig, overlap_steps: bool | None = None) -> None:
         """overlap_steps: async scheduling in one process: plan step N+1 and launch it behind
         step N before N's samples reach the host, then apply N's result. On a GPU the device
         then runs N+1 while the host turns N's samples into tokens and plans N+2; on a CPU,
         where a launch computes the whole step, it gains nothing (and reports each step's
-        tokens one step late on a replay's clock), but tests cover that ordering with it."""
+        tokens one step late on a replay's clock), but tests cover that ordering with it.
+        None (the default): on where it pays, a CUDA executor, unless the config turns async
+        scheduling off."""
         self.config = config
-        self.overlap_steps = overlap_steps and config.scheduler.async_scheduling
         self._ahead: tuple[StepPlan, Any] | None = None  # planned and launched, not applied
         if config.executor == "sim":
             from services.executor.sim import SimExecutor
@@ -82,6 +83,10 @@ class LLMEngine:
         else:
             self.model_dir = resolve_model(config.model.model)
             self.executor = Executor(config, self.model_dir)
+        if overlap_steps is None:
+            device = getattr(self.executor, "device", None)  # the simulator has none
+            overlap_steps = device is not None and device.type == "cuda"
+        self.overlap_steps = overlap_steps and config.scheduler.async_scheduling
         self.scheduler = Scheduler(config.scheduler, self.executor.ready())
         self.loop = StepLoop(self.scheduler)
         self.stats = StepStats()
