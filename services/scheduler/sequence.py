@@ -73,11 +73,14 @@ class SequenceGroup:
         return self.seqs[0].token_ids[: self.seqs[0].prompt_len]
 
     def live_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if not s.is_finished]
+        seqs = self.seqs
+        if len(seqs) == 1:  # most groups, several times a step each: no comprehension
+            return [] if seqs[0].status is SeqStatus.FINISHED else [seqs[0]]
+        return [s for s in seqs if s.status is not SeqStatus.FINISHED]
 
     @property
     def is_finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)
+        return all(s.status is SeqStatus.FINISHED for s in self.seqs)
 
     @property
     def num_seats(self) -> int:
