@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -106,12 +107,15 @@ class ZmqBackend:
             while True:
                 # No timeout per token (this runs once per token of every stream): a dead or
                 # silent backend ends the streams through _watch_liveness and _on_scheduler_lost.
-                delta = await queue.get()
-                if isinstance(delta, BackendGone):
-                    raise delta
-                yield delta
-                if delta.finished:
-                    return
+                items = [await queue.get()]
+                while not queue.empty():  # fell behind: what has queued goes out as one
+                    items.append(queue.get_nowait())
+                for delta in coalesce(items):
+                    if isinstance(delta, BackendGone):
+                        raise delta
+                    yield delta
+                    if delta.finished:
+                        return
         finally:
             self._queues.pop(request.request_id, None)
             self._unacked.discard(request.request_id)
@@ -178,3 +182,47 @@ class ZmqBackend:
                 if self._info is None:
                     log.info("backend ready: %s", message.model_name)
                 self._info = message
+
+
+def coalesce(items: list[RequestDelta | BackendGone]) -> list[RequestDelta | BackendGone]:
+    """Consecutive deltas of one request merged into one, so that a stream that fell behind
+    (the gateway is busy) catches up with one detokenizer pass, one SSE chunk and one write
+    instead of one per step. An error delta or a BackendGone is never merged: it ends the run
+    before it and passes as it is."""
+    out: list[RequestDelta | BackendGone] = []
+    for item in items:
+        last = out[-1] if out else None
+        if (
+            isinstance(item, RequestDelta)
+            and item.error is None
+            and isinstance(last, RequestDelta)
+            and last.error is None
+            and not last.finished
+        ):
+            out[-1] = _merged(last, item)
+        else:
+            out.append(item)
+    return out
+
+
+def _merged(first: RequestDelta, then: RequestDelta) -> RequestDelta:
+    seqs = {  # copies: the first delta's lists are extended below
+        s.index: dataclasses.replace(s, token_ids=list(s.token_ids), logprobs=list(s.logprobs))
+        for s in first.seqs
+    }
+    for s in then.seqs:
+        into = seqs.get(s.index)
+        if into is None:
+            seqs[s.index] = s
+            continue
+        into.token_ids.extend(s.token_ids)
+        into.logprobs.extend(s.logprobs)
+        into.finish_reason = s.finish_reason or into.finish_reason
+        if s.cumulative_logprob is not None:
+            into.cumulative_logprob = s.cumulative_logprob
+    return RequestDelta(
+        first.request_id,
+        [seqs[i] for i in sorted(seqs)],
+        then.finished,
+        num_prompt_tokens=first.num_prompt_tokens or then.num_prompt_tokens,
+    )
