@@ -209,8 +209,9 @@ async def measure(
         task.cancel()
 
 
-def run_gateways(args, num_gateways: int) -> list[dict]:
-    """Start num_gateways gateway processes on one port, measure every stream count, stop them."""
+def run_gateways(args, num_gateways: int, root: Path = ROOT) -> list[dict]:
+    """Start num_gateways gateway processes (of the checkout at root) on one port, measure every
+    stream count, stop them."""
     directory = Path(tempfile.mkdtemp(prefix="pagedserve-gateway-bench-"))
     addresses = Addresses.ipc(str(directory))
     with socket.socket() as s:
@@ -228,7 +229,7 @@ def run_gateways(args, num_gateways: int) -> list[dict]:
     ready_files = [directory / f"gateway-{i}.ready" for i in range(num_gateways)]
     gateways = [
         subprocess.Popen(
-            [*argv, "--ready-file", str(ready)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL
+            [*argv, "--ready-file", str(ready)], cwd=root, env=env, stderr=subprocess.DEVNULL
         )
         for ready in ready_files
     ]
@@ -252,14 +253,36 @@ def main() -> int:
     parser.add_argument(
         "--gateways", default="1,2", help="gateway process counts to compare (one port each)"
     )
+    parser.add_argument(
+        "--compare-ref",
+        default=None,
+        help="also run the gateway as it was at this git revision (one that speaks the same "
+        "protocol: the ROUTER pipe, from commit b80b667 on)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     counts = [int(x) for x in args.gateways.split(",")]
-    runs: dict[str, list[list[dict]]] = {f"{n} gateways": [] for n in counts}
-    for _ in range(args.rounds):  # alternated, so that drift in the machine's load hits all
-        for n in counts:
-            print(f"{n} gateway process(es)", flush=True)
-            runs[f"{n} gateways"].append(run_gateways(args, n))
+    roots = {"": ROOT}
+    worktree = None
+    if args.compare_ref:
+        worktree = Path(tempfile.mkdtemp(prefix="pagedserve-gateway-ref-")) / "tree"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(worktree), args.compare_ref],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        roots[f" at {args.compare_ref}"] = worktree
+    runs: dict[str, list[list[dict]]] = {
+        f"{n} gateways{suffix}": [] for n in counts for suffix in roots
+    }
+    try:
+        for _ in range(args.rounds):  # alternated, so that drift in the machine's load hits all
+            for n in counts:
+                for suffix, root in roots.items():
+                    print(f"{n} gateway process(es){suffix}", flush=True)
+                    runs[f"{n} gateways{suffix}"].append(run_gateways(args, n, root))
+    finally:
+        if worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     best = {
         label: {
             str(r["streams"]): min(

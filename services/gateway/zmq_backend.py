@@ -34,6 +34,7 @@ from shared.protocol import (
 
 log = logging.getLogger("pagedserve.gateway")
 LIVENESS_CHECK_S = 1.0
+DRAIN_MAX = 64  # messages read at one wake-up of the reader
 HEARTBEAT_TIMEOUT_S = 5.0  # the scheduler beats every second; five missed beats mean it is gone
 
 
@@ -165,23 +166,31 @@ class ZmqBackend:
 
     async def _read(self) -> None:
         while True:
-            message = await recv(self._sock)
-            self._last_seen = time.monotonic()
-            if isinstance(message, TokenDeltas):
-                self._stats = message.stats
-                if self.stats_log is not None and message.deltas:
-                    self.stats_log.append(message.stats)
-                for delta in message.deltas:
-                    self._unacked.discard(delta.request_id)
-                    queue = self._queues.get(delta.request_id)
-                    if queue is not None:
-                        queue.put_nowait(delta)
-            elif isinstance(message, KvState):
-                self._kv_states.deliver(message)
-            elif isinstance(message, SchedulerReady):
-                if self._info is None:
-                    log.info("backend ready: %s", message.model_name)
-                self._info = message
+            self._deliver(await recv(self._sock))
+            # Everything else already here too, before the streams run: a stream that fell
+            # behind then finds several deltas queued and sends them as one (coalesce).
+            for _ in range(DRAIN_MAX):  # bounded: the streams must get their turn
+                if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    break
+                self._deliver(await recv(self._sock))
+
+    def _deliver(self, message) -> None:
+        self._last_seen = time.monotonic()
+        if isinstance(message, TokenDeltas):
+            self._stats = message.stats
+            if self.stats_log is not None and message.deltas:
+                self.stats_log.append(message.stats)
+            for delta in message.deltas:
+                self._unacked.discard(delta.request_id)
+                queue = self._queues.get(delta.request_id)
+                if queue is not None:
+                    queue.put_nowait(delta)
+        elif isinstance(message, KvState):
+            self._kv_states.deliver(message)
+        elif isinstance(message, SchedulerReady):
+            if self._info is None:
+                log.info("backend ready: %s", message.model_name)
+            self._info = message
 
 
 def coalesce(items: list[RequestDelta | BackendGone]) -> list[RequestDelta | BackendGone]:
