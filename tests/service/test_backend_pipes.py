@@ -94,11 +94,16 @@ async def test_rejection_and_abort_reach_the_gateway(backend, prompts):
     assert ack.seqs == [] and not ack.finished and ack.num_prompt_tokens == len(prompts[4])
     first = await stream.__anext__()
     assert first.seqs and not first.finished
-    await backend.abort("long-one")
+    await _abort_and_expect_freed(backend, stream, "long-one")
+
+
+async def _abort_and_expect_freed(backend, stream, request_id: str) -> None:
+    """Abort a decoding request: its stream ends with "abort" and the pool empties."""
+    await backend.abort(request_id)
     async for delta in stream:
         last = delta
     assert last.finished and last.seqs[0].finish_reason == "abort"
-    for _ in range(30):
+    for _ in range(30):  # the next heartbeat reports the freed pool
         if backend.stats.kv_blocks_used == 0:
             break
         await asyncio.sleep(0.1)
@@ -170,12 +175,4 @@ async def test_a_gateway_that_leaves_frees_its_requests_and_no_others(backend, a
     assert backend.stats.num_running == 1
     more = await staying.__anext__()
     assert more.seqs and not more.finished  # the other gateway's request goes on
-    await backend.abort("staying")
-    async for delta in staying:
-        last = delta
-    assert last.finished and last.seqs[0].finish_reason == "abort"
-    for _ in range(30):
-        if backend.stats.kv_blocks_used == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert backend.stats.kv_blocks_used == 0
+    await _abort_and_expect_freed(backend, staying, "staying")

@@ -6,27 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-import zmq
-import zmq.asyncio
-
 from services.gateway.backend import BackendGone
-from services.gateway.zmq_backend import ZmqBackend, coalesce
-from shared.ipc import Addresses, make_socket, recv_from, send_to
-from shared.protocol import (
-    ExecutorReady,
-    GatewayHello,
-    GenerateRequest,
-    RequestDelta,
-    SampledToken,
-    SchedulerReady,
-    SchedulerStats,
-    SeqDelta,
-    TokenDeltas,
-)
+from services.gateway.zmq_backend import coalesce
+from shared.protocol import GenerateRequest, RequestDelta, SampledToken, SeqDelta, TokenDeltas
 from shared.sampling import SamplingParams
-
-READY = SchedulerReady(ExecutorReady(64, 0, 16, 512, 384, (2,)), 16, "tiny")
-STATS = SchedulerStats(1, 0, 0, 1, 64, 0, 1)
+from tests.service.stand_in_scheduler import STATS, stand_in_scheduler
 
 
 def _token(seq_id: int, token_id: int) -> SampledToken:
@@ -60,37 +44,23 @@ def test_errors_and_a_lost_backend_are_never_merged():
 
 
 async def test_a_stream_that_fell_behind_reads_one_merged_delta(tmp_path):
-    addresses = Addresses.ipc(str(tmp_path / "ipc"))
-    ctx = zmq.asyncio.Context()
-    router = make_socket(ctx, zmq.ROUTER, addresses.gateway, bind=True)
-    backend = ZmqBackend(addresses)
-    await backend.start()
-    try:
-        gateway, hello = await recv_from(router)
-        assert isinstance(hello, GatewayHello)
-        assert await send_to(router, gateway, READY)
-        assert await send_to(router, gateway, TokenDeltas([], STATS))
-        while not backend.ready:
-            await asyncio.sleep(0.01)
+    async with stand_in_scheduler(str(tmp_path / "ipc")) as stand_in:
+        backend = stand_in.backend
         request = GenerateRequest("r1", [5, 6], SamplingParams(max_tokens=5), time.time())
         stream = backend.generate(request)
         first = asyncio.ensure_future(stream.__anext__())
-        while not isinstance((await recv_from(router))[1], GenerateRequest):
-            pass
+        await stand_in.next_request()
         ack = RequestDelta("r1", [], False, num_prompt_tokens=2)
-        assert await send_to(router, gateway, TokenDeltas([ack], STATS))
+        await stand_in.send(TokenDeltas([ack], STATS))
         assert (await first).seqs == []
         # Five steps' deltas arrive before the consumer reads again.
         for i in range(5):
             reason = "length" if i == 4 else None
             delta = RequestDelta("r1", [SeqDelta(0, [10 + i], [], reason)], i == 4)
-            assert await send_to(router, gateway, TokenDeltas([delta], STATS))
+            await stand_in.send(TokenDeltas([delta], STATS))
         while len(backend._queues["r1"]._queue) < 5:
             await asyncio.sleep(0.01)
         rest = [delta async for delta in stream]
         assert len(rest) == 1
         assert rest[0].finished and rest[0].seqs[0].token_ids == [10, 11, 12, 13, 14]
         assert rest[0].seqs[0].finish_reason == "length"
-    finally:
-        await backend.close()
-        ctx.destroy(linger=0)
