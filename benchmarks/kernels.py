@@ -35,26 +35,38 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * src.numel() / (ms / 1e3)
 
 
+def paged_pool(batch, length, hkv, d, bs, dtype, device) -> tuple[torch.Tensor, ...]:
+    """K and V caches [blocks, bs, hkv, d] holding `batch` sequences of `length` tokens under
+    shuffled block ids (the kernels' reads are scattered, as in a serving pool), their block
+    tables [batch, blocks per sequence] int32 and lengths [batch] int32."""
+    blocks_per_seq = -(-length // bs)
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, bs, hkv, d, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
+    seq_lens = torch.full((batch,), length, device=device, dtype=torch.int32)
+    return k_cache, v_cache, table, seq_lens
+
+
+def contiguous(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """The same K or V as SDPA reads it: [batch, hkv, length, d], contiguous."""
+    batch, (_, _, hkv, d) = table.shape[0], cache.shape
+    return cache[table].view(batch, -1, hkv, d)[:, :length].transpose(1, 2).contiguous()
+
+
 def measure(batch, context, h, hkv, d, bs, dtype, device, peak) -> dict:
     """One (batch, context) cell: paged kernel vs dense SDPA, same lengths, same K/V values."""
     import triton.testing
 
     from kernels.triton_decode import paged_decode_attention
 
-    blocks_per_seq = -(-context // bs)
-    num_blocks = batch * blocks_per_seq
-    k_cache = torch.randn(num_blocks, bs, hkv, d, device=device, dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
-    # Shuffled block ids: the kernel's reads are scattered, as in a serving pool.
-    table = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
-    seq_lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    k_cache, v_cache, table, seq_lens = paged_pool(batch, context, hkv, d, bs, dtype, device)
     q = torch.randn(batch, h, d, device=device, dtype=dtype)
     scale = d**-0.5
     paged_ms = triton.testing.do_bench(
         lambda: paged_decode_attention(q, k_cache, v_cache, table, seq_lens, scale)
     )
-    k = k_cache[table].view(batch, -1, hkv, d)[:, :context].transpose(1, 2).contiguous()
-    v = v_cache[table].view(batch, -1, hkv, d)[:, :context].transpose(1, 2).contiguous()
+    k, v = contiguous(k_cache, table, context), contiguous(v_cache, table, context)
     sdpa_ms = triton.testing.do_bench(
         lambda: F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale, enable_gqa=True)
     )
@@ -74,20 +86,14 @@ def measure_prefill(batch, length, h, hkv, d, bs, dtype, device, bench) -> dict:
     """One (batch, prompt length) cell: the paged prefill kernel vs causal SDPA."""
     from kernels.triton_prefill import paged_prefill_attention
 
-    blocks_per_seq = -(-length // bs)
-    num_blocks = batch * blocks_per_seq
-    k_cache = torch.randn(num_blocks, bs, hkv, d, device=device, dtype=dtype)
-    v_cache = torch.randn_like(k_cache)
-    table = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
-    seq_lens = torch.full((batch,), length, device=device, dtype=torch.int32)
+    k_cache, v_cache, table, seq_lens = paged_pool(batch, length, hkv, d, bs, dtype, device)
     qsl = torch.arange(0, (batch + 1) * length, length, device=device, dtype=torch.int32)
     q = torch.randn(batch * length, h, d, device=device, dtype=dtype)
     scale = d**-0.5
     paged_ms = bench(
         lambda: paged_prefill_attention(q, k_cache, v_cache, table, qsl, seq_lens, scale, length)
     )
-    k = k_cache[table].view(batch, -1, hkv, d)[:, :length].transpose(1, 2).contiguous()
-    v = v_cache[table].view(batch, -1, hkv, d)[:, :length].transpose(1, 2).contiguous()
+    k, v = contiguous(k_cache, table, length), contiguous(v_cache, table, length)
     qd = q.view(batch, length, h, d).transpose(1, 2).contiguous()
     sdpa_ms = bench(
         lambda: F.scaled_dot_product_attention(
