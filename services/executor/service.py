@@ -101,12 +101,15 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _plan_or_landed(plans: zmq.Socket, flight) -> object | None:
-    """The next message if one arrives before the flight's samples have landed, else None."""
+    """The next message if one arrives before the flight's samples have landed, else None.
+
+    Landed is checked first: a step already done (on a CPU, every step at the end of its
+    launch) is answered at once, so its tokens are never held back behind the next step."""
     while True:
-        if plans.poll(0, zmq.POLLIN):
-            return recv_sync(plans)
         if flight.landed():
             return None
+        if plans.poll(0, zmq.POLLIN):
+            return recv_sync(plans)
         time.sleep(LANDED_POLL_S)
 
 
