@@ -103,3 +103,8 @@ def test_steps_launched_behind_the_one_in_flight_give_the_serial_tokens(tiny_mod
 
     for sampling in (greedy, seeded):
         assert run(True, sampling) == run(False, sampling)
+    # Prompt chunks that sample nothing (a step whose only copy-out is its timings) too.
+    config = dataclasses.replace(
+        config, scheduler=dataclasses.replace(config.scheduler, max_num_batched_tokens=16)
+    )
+    assert run(True, greedy) == run(False, greedy)

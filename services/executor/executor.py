@@ -56,8 +56,9 @@ class StepInFlight:
     result: StepResult | None = None  # once collected (at launch for failures, empty steps)
 
     def landed(self) -> bool:
-        """Its samples are on the host (collect() would not wait)."""
-        return self.result is not None or self.copy is None or self.copy.done()
+        """Its device work, the copy of its samples included, is done: collect() would not
+        wait. (The timer's last mark is recorded after everything the step queued.)"""
+        return self.result is not None or self.timer.landed()
 
 
 DTYPES = {
@@ -257,8 +258,7 @@ class Executor:
             return flight.result
         try:
             tokens = []
-            if flight.copy is not None:
-                flight.copy.wait()
+            flight.timer.wait()  # the step's last mark: after its copy, before the next step
             start = time.perf_counter()  # host work only: the wait above is the device's
             if flight.copy is not None:
                 tokens = self.sampling.records(flight.draws, flight.copy, flight.params)
@@ -350,8 +350,9 @@ class Executor:
             if driver:
                 self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
         timer.mark("cache_ops")
-        if not plan.seqs:
-            return StepInFlight(plan.step_id, result=StepResult(plan.step_id, [], timer.seconds()))
+        if not plan.seqs:  # cache moves only: collect() reads the timer once they are done
+            timer.mark("sync_out")
+            return StepInFlight(plan.step_id, timer=timer)
 
         inputs = build_inputs(
             plan.seqs,

@@ -28,8 +28,17 @@ class PhaseTimer:
         else:
             self._marks.append((phase_done, time.perf_counter()))
 
+    def landed(self) -> bool:
+        """The device has passed the last mark (on a CPU every mark is passed when made)."""
+        return not self._cuda or self._marks[-1][1].query()
+
+    def wait(self) -> None:
+        """Until the device has passed the last mark: seconds() may then read every event."""
+        if self._cuda:
+            self._marks[-1][1].synchronize()
+
     def seconds(self) -> dict[str, float]:
-        """{phase: seconds}; on a GPU call it after the step has synchronised."""
+        """{phase: seconds}; on a GPU call it after wait() (or a synchronisation)."""
         out = {}
         for (_, before), (name, after) in zip(self._marks, self._marks[1:]):
             if self._cuda:

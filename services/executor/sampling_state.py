@@ -343,9 +343,6 @@ class HostCopy:
     host: list[torch.Tensor]  # pinned on a GPU; filled once `event` has passed
     event: Any = None  # torch.cuda.Event, or None where the copies were synchronous
 
-    def done(self) -> bool:
-        return self.event is None or self.event.query()
-
     def wait(self) -> list[torch.Tensor]:
         if self.event is not None:
             self.event.synchronize()
