@@ -20,11 +20,13 @@ class PeerWatch:
     def __init__(
         self,
         sock: zmq.asyncio.Socket,
-        on_lost: Callable[[], None],
+        on_lost: Callable[[], None] | None,
         on_joined: Callable[[], None] | None = None,
         on_left: Callable[[], None] | None = None,
     ) -> None:
-        """on_lost: the last peer left; on_left: any peer left (some may remain)."""
+        """on_lost: the last peer left; on_left: any peer left (some may remain). The count
+        misses peers that connected before the monitor was attached: where that matters,
+        treat a loss as a hint and check (the scheduler probes its gateways on every leave)."""
         self.num_peers = 0
         self._on_lost = on_lost
         self._on_joined = on_joined
@@ -42,5 +44,5 @@ class PeerWatch:
                 self.num_peers = max(0, self.num_peers - 1)
                 if self._on_left is not None:
                     self._on_left()
-                if self.num_peers == 0:
+                if self.num_peers == 0 and self._on_lost is not None:
                     self._on_lost()

@@ -128,12 +128,16 @@ class ZmqBackend:
 
     async def _watch_liveness(self) -> None:
         """Once a second: while the backend is neither ready nor replacing its executor (its
-        heartbeat stopped, or its executor is dead for good), end every open stream."""
+        heartbeat stopped, or its executor is dead for good), end every open stream. While no
+        heartbeat comes, say hello again: a scheduler that lost track of this gateway (or
+        never heard its first hello) takes it back."""
         while True:
             await asyncio.sleep(LIVENESS_CHECK_S)
             if self._queues and not (self.ready or self.degraded):
                 log.error("the backend stopped responding; ending %d streams", len(self._queues))
                 self.fail_all("the scheduler or executor stopped responding")
+            if not self.alive:
+                await self._send(GatewayHello())
 
     def _on_scheduler_joined(self) -> None:
         task = asyncio.ensure_future(self._send(GatewayHello()))

@@ -16,6 +16,7 @@ from typing import Any
 import zmq.asyncio
 
 from shared.ipc import recv_from, send_to
+from shared.peer_watch import PeerWatch
 from shared.protocol import RequestDelta, SchedulerStats, TokenDeltas
 
 
@@ -26,6 +27,7 @@ class GatewayLinks:
         self._open: dict[bytes, set[str]] = {}  # every gateway heard from -> its open requests
         self._owner: dict[str, bytes] = {}  # open request id -> its gateway
         self._send_lock = asyncio.Lock()
+        self._probes: set[asyncio.Task] = set()
 
     @property
     def num_gateways(self) -> int:
@@ -62,15 +64,26 @@ class GatewayLinks:
         for peer, own in by_peer.items():
             await self.send(peer, TokenDeltas(own, stats))
 
+    def watch(self, stats: Callable[[], SchedulerStats | None]) -> PeerWatch:
+        """The socket's connection monitor: when any gateway's connection closes, a stats
+        message to every gateway finds which one left (the send to it fails). Not the
+        monitor's count of peers: it misses connections made before it was attached. The
+        heartbeat's broadcast probes too, in case this one comes before the socket has
+        dropped the closed connection."""
+
+        def probe() -> None:
+            now = stats()
+            if now is not None:
+                task = asyncio.ensure_future(self.broadcast(TokenDeltas([], now)))
+                self._probes.add(task)
+                task.add_done_callback(self._probes.discard)
+
+        return PeerWatch(self.sock, None, on_left=probe)
+
     async def broadcast(self, message: Any) -> None:
         """To every known gateway; doubles as a probe, since a gone one fails the send."""
         for peer in list(self._open):
             await self.send(peer, message)
-
-    def drop_all(self) -> None:
-        """No gateway is connected any more (the socket's last peer left)."""
-        for peer in list(self._open):
-            self._drop(peer)
 
     def _drop(self, peer: bytes) -> None:
         request_ids = self._open.pop(peer, set())

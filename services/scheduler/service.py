@@ -135,7 +135,9 @@ class SchedulerService:
         self.results = make_socket(ctx, zmq.PULL, self.addresses.results, bind=True)
         # Watched from before anyone connects, so that every peer is counted.
         executor_watch = PeerWatch(self.plans, self._on_executor_lost)
-        gateway_watch = PeerWatch(gateways, self.gateways.drop_all, on_left=self._probe_gateways)
+        gateway_watch = self.gateways.watch(
+            lambda: self._stats() if self.scheduler is not None else None
+        )
         try:
             ready = await self._wait_for_executor()
             self.scheduler = Scheduler(self.config.scheduler, ready)
@@ -352,14 +354,6 @@ class SchedulerService:
         for request_id in request_ids:
             self.scheduler.abort(request_id)
         log.warning("a gateway's connection closed; aborted %d requests", len(request_ids))
-
-    def _probe_gateways(self) -> None:
-        # Some gateway left, others may remain: a message to each finds out which one (a send
-        # to a gone peer fails). The heartbeat probes too, in case this one comes too early.
-        if self.scheduler is not None:
-            task = asyncio.ensure_future(self.gateways.broadcast(TokenDeltas([], self._stats())))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
 
     async def _submit(self, plan) -> None:
         """Send a plan; its result arrives through _results into its future. A send to a dead
