@@ -105,9 +105,6 @@ class _ReplicaCollector:
             "up": GaugeMetricFamily(
                 "pagedserve_replica_up", "1 while the replica is ready", labels=["replica"]
             ),
-            "routed": CounterMetricFamily(
-                "pagedserve_replica_requests", "Requests routed to the replica", labels=["replica"]
-            ),
             "owed": GaugeMetricFamily(
                 "pagedserve_replica_outstanding_tokens",
                 "Prompt plus max output tokens of the replica's unfinished requests",
@@ -124,10 +121,9 @@ class _ReplicaCollector:
                 labels=["replica"],
             ),
         }
-        for i, (ready, routed, owed, s) in enumerate(rows):
+        for i, (ready, _routed, owed, s) in enumerate(rows):  # routed: a real Counter
             label = [str(i)]
             families["up"].add_metric(label, 1.0 if ready else 0.0)
-            families["routed"].add_metric(label, routed)
             families["owed"].add_metric(label, owed)
             families["running"].add_metric(label, s.num_running if s else 0)
             ratio = s.kv_blocks_used / s.kv_blocks_total if s and s.kv_blocks_total else 0.0
@@ -147,6 +143,17 @@ class GatewayMetrics:
             self._live.append(_ReplicaCollector(replicas))
         for collector in self._live:
             self.registry.register(collector)
+        self._replicas = replicas
+        if replicas is not None:
+            # A real counter, brought up to the router's count at each scrape: with several
+            # gateway processes the multiprocess files sum every process's routing.
+            self.replica_requests = Counter(
+                "pagedserve_replica_requests",
+                "Requests routed to the replica",
+                ["replica"],
+                registry=self.registry,
+            )
+            self._routed_seen: list[int] = []
         self.prompt_tokens = Counter(
             "pagedserve_prompt_tokens", "Prompt tokens of accepted requests", registry=self.registry
         )
@@ -180,6 +187,12 @@ class GatewayMetrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type."""
+        if self._replicas is not None:
+            routed = [row[1] for row in self._replicas()]
+            self._routed_seen += [0] * (len(routed) - len(self._routed_seen))
+            for i, count in enumerate(routed):
+                self.replica_requests.labels(str(i)).inc(count - self._routed_seen[i])
+            self._routed_seen = routed
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if not directory:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
