@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +28,7 @@ from shared.protocol import (
     RequestDelta,
     SchedulerReady,
     SchedulerStats,
+    SeqDelta,
     TokenDeltas,
 )
 
@@ -202,40 +202,42 @@ def coalesce(items: list[RequestDelta | BackendGone]) -> list[RequestDelta | Bac
     (the gateway is busy) catches up with one detokenizer pass, one SSE chunk and one write
     instead of one per step. An error delta or a BackendGone is never merged: it ends the run
     before it and passes as it is."""
+    if len(items) == 1:
+        return items
     out: list[RequestDelta | BackendGone] = []
+    run: list[RequestDelta] = []
     for item in items:
-        last = out[-1] if out else None
-        if (
-            isinstance(item, RequestDelta)
-            and item.error is None
-            and isinstance(last, RequestDelta)
-            and last.error is None
-            and not last.finished
-        ):
-            out[-1] = _merged(last, item)
-        else:
-            out.append(item)
+        if isinstance(item, RequestDelta) and item.error is None:
+            run.append(item)
+            if item.finished:  # nothing follows a request's last delta
+                out.append(_merged(run))
+                run = []
+            continue
+        if run:
+            out.append(_merged(run))
+            run = []
+        out.append(item)
+    if run:
+        out.append(_merged(run))
     return out
 
 
-def _merged(first: RequestDelta, then: RequestDelta) -> RequestDelta:
-    seqs = {  # copies: the first delta's lists are extended below
-        s.index: dataclasses.replace(s, token_ids=list(s.token_ids), logprobs=list(s.logprobs))
-        for s in first.seqs
-    }
-    for s in then.seqs:
-        into = seqs.get(s.index)
-        if into is None:
-            seqs[s.index] = s
-            continue
-        into.token_ids.extend(s.token_ids)
-        into.logprobs.extend(s.logprobs)
-        into.finish_reason = s.finish_reason or into.finish_reason
-        if s.cumulative_logprob is not None:
-            into.cumulative_logprob = s.cumulative_logprob
-    return RequestDelta(
-        first.request_id,
-        [seqs[i] for i in sorted(seqs)],
-        then.finished,
-        num_prompt_tokens=first.num_prompt_tokens or then.num_prompt_tokens,
-    )
+def _merged(run: list[RequestDelta]) -> RequestDelta:
+    """One delta with every token of the run, per sample, in order (the inputs unchanged)."""
+    if len(run) == 1:
+        return run[0]
+    tokens: dict[int, list[int]] = {}
+    logprobs: dict[int, list] = {}
+    reasons: dict[int, str | None] = {}
+    cumulative: dict[int, float | None] = {}
+    for delta in run:
+        for s in delta.seqs:
+            tokens.setdefault(s.index, []).extend(s.token_ids)
+            logprobs.setdefault(s.index, []).extend(s.logprobs)
+            reasons[s.index] = s.finish_reason or reasons.get(s.index)
+            if s.cumulative_logprob is not None or s.index not in cumulative:
+                cumulative[s.index] = s.cumulative_logprob
+    seqs = [SeqDelta(i, tokens[i], logprobs[i], reasons[i], cumulative[i]) for i in sorted(tokens)]
+    first, last = run[0], run[-1]
+    prompt = next((d.num_prompt_tokens for d in run if d.num_prompt_tokens), 0)
+    return RequestDelta(first.request_id, seqs, last.finished, num_prompt_tokens=prompt)
