@@ -85,3 +85,25 @@ async def test_a_killed_gateway_loses_only_its_own_streams(serve):
         # The dead gateway's requests were aborted: nothing decodes for nobody.
         await wait_metric(session, serve.url, "pagedserve_num_requests_running", 0)
         await wait_metric(session, serve.url, "pagedserve_kv_blocks_used", 0)
+
+
+async def test_both_gateways_serve_again_after_the_scheduler_is_replaced(serve):
+    url = f"{serve.url}/v1/completions"
+    body = {"model": serve.model, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    restarts = len(serve.restarts)
+    serve.kill("scheduler")
+    serve.wait_restarted(restarts + 1)
+    assert serve.restarts[-1] == "scheduler"
+    async with _session() as session:
+        # Each gateway says hello to the new scheduler when its connection reopens; until
+        # both are announced, some fresh connections would get 503.
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            results = await asyncio.gather(
+                *(stream(session, url, body | {"prompt": p}) for p in PROMPTS)
+            )
+            if all(r["done"] and r["error"] is None for r in results):
+                break
+            assert asyncio.get_running_loop().time() < deadline, results
+            await asyncio.sleep(0.5)
+        await wait_metric(session, serve.url, "pagedserve_kv_blocks_used", 0)
