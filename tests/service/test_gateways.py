@@ -1,5 +1,6 @@
 """`pagedserve serve --gateways 2`: two gateway processes share the port and one scheduler; each
-streams only its own requests, /metrics sums both, and a killed one loses only its streams."""
+streams only its own requests, /metrics sums both, a killed one loses only its streams, and
+both serve again once a killed scheduler is replaced."""
 
 from __future__ import annotations
 
