@@ -2,6 +2,7 @@
 kill; reports requests served, errors, leaked blocks and each process's peak RSS.
 
     PYTHONPATH=. python scripts/soak.py --minutes 10 --clients 16 --output soak.json
+    PYTHONPATH=. python scripts/soak.py --minutes 3 --gateways 2    # two gateway processes
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="a model directory (default: a tiny one)")
+    parser.add_argument("--gateways", type=int, default=1, help="gateway processes (serve)")
     parser.add_argument("--output", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
     model = args.model
@@ -127,7 +129,10 @@ def main() -> int:
         model = make_tiny_llama(
             Path(tempfile.mkdtemp(prefix="soak-")) / "tiny-llama", vocab_size=384
         )
-    stack = ServeProcess(model, "--num-device-blocks", "256", "--max-num-seqs", "32")
+    stack = ServeProcess(
+        model, "--num-device-blocks", "256", "--max-num-seqs", "32",
+        "--gateways", str(args.gateways),
+    )  # fmt: skip
     tally, stop = Tally(), threading.Event()
     watcher = threading.Thread(target=_watch_rss, args=(stack, tally, stop), daemon=True)
     watcher.start()
@@ -140,6 +145,7 @@ def main() -> int:
     figures = {
         "minutes": round((time.monotonic() - t0) / 60, 1),
         "clients": args.clients,
+        "gateways": args.gateways,
         "requests_served": tally.served,
         "streams_cut_by_client": tally.cut,
         "errors": len(tally.errors),
