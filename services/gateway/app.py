@@ -46,6 +46,8 @@ def create_app(
         max_queued_requests=max_queued_requests,
         request_timeout_s=request_timeout_s,
     )
+    if hasattr(backend, "on_route"):  # several replicas: count each routing on /metrics
+        backend.on_route = lambda i: state.metrics.replica_requests.labels(str(i)).inc()
     app = web.Application(middlewares=[_errors, _auth], client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
     app.router.add_post("/v1/completions", _completions)

@@ -143,17 +143,15 @@ class GatewayMetrics:
             self._live.append(_ReplicaCollector(replicas))
         for collector in self._live:
             self.registry.register(collector)
-        self._replicas = replicas
         if replicas is not None:
-            # A real counter, brought up to the router's count at each scrape: with several
-            # gateway processes the multiprocess files sum every process's routing.
+            # A real counter, counted as requests are routed (ReplicaRouter.on_route): with
+            # several gateway processes the multiprocess files sum every process's routing.
             self.replica_requests = Counter(
                 "pagedserve_replica_requests",
                 "Requests routed to the replica",
                 ["replica"],
                 registry=self.registry,
             )
-            self._routed_seen: list[int] = []
         self.prompt_tokens = Counter(
             "pagedserve_prompt_tokens", "Prompt tokens of accepted requests", registry=self.registry
         )
@@ -187,12 +185,6 @@ class GatewayMetrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type."""
-        if self._replicas is not None:
-            routed = [row[1] for row in self._replicas()]
-            self._routed_seen += [0] * (len(routed) - len(self._routed_seen))
-            for i, count in enumerate(routed):
-                self.replica_requests.labels(str(i)).inc(count - self._routed_seen[i])
-            self._routed_seen = routed
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if not directory:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST

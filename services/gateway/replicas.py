@@ -9,7 +9,7 @@ end as they would with one backend.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from services.gateway.backend import BackendGone
@@ -20,7 +20,8 @@ class ReplicaRouter:
     def __init__(self, replicas: list[Any]) -> None:
         self.replicas = replicas  # ZmqBackend-like objects, index = replica id
         self.outstanding = [0] * len(replicas)  # tokens owed, per replica
-        self.routed = [0] * len(replicas)  # requests sent, per replica (for /metrics)
+        self.routed = [0] * len(replicas)  # requests sent, per replica
+        self.on_route: Callable[[int], None] | None = None  # /metrics counts each routing
         self._owner: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -91,6 +92,8 @@ class ReplicaRouter:
         )
         self.outstanding[index] += cost
         self.routed[index] += 1
+        if self.on_route is not None:
+            self.on_route(index)
         self._owner[request.request_id] = index
         try:
             async for delta in self.replicas[index].generate(request):

@@ -35,6 +35,7 @@ from shared.protocol import (
 log = logging.getLogger("pagedserve.gateway")
 LIVENESS_CHECK_S = 1.0
 DRAIN_MAX = 64  # messages read at one wake-up of the reader
+_FAILED = ("abort", "error")  # sample finish reasons the gateway raises at
 HEARTBEAT_TIMEOUT_S = 5.0  # the scheduler beats every second; five missed beats mean it is gone
 
 
@@ -59,8 +60,10 @@ class ZmqBackend:
         self._send_lock = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
         self._reader = asyncio.create_task(self._read())
-        watch = PeerWatch(self._sock, self._on_scheduler_lost, self._on_scheduler_joined)
-        self._watch = asyncio.create_task(watch.run())
+        self._watch_peers = PeerWatch(
+            self._sock, self._on_scheduler_lost, self._on_scheduler_joined
+        )
+        self._watch = asyncio.create_task(self._watch_peers.run())
         self._liveness = asyncio.create_task(self._watch_liveness())
         # Queued until connected. The join event says hello again after every reconnection
         # (a restarted scheduler), and also now, unless the connection beat the monitor.
@@ -136,7 +139,9 @@ class ZmqBackend:
             if self._queues and not (self.ready or self.degraded):
                 log.error("the backend stopped responding; ending %d streams", len(self._queues))
                 self.fail_all("the scheduler or executor stopped responding")
-            if not self.alive:
+            if not self.alive and self._watch_peers.num_peers > 0:
+                # Only while connected: hellos sent into a closed connection would queue up
+                # and all arrive at once (a reconnection says hello by itself).
                 await self._send(GatewayHello())
 
     def _on_scheduler_joined(self) -> None:
@@ -200,14 +205,14 @@ class ZmqBackend:
 def coalesce(items: list[RequestDelta | BackendGone]) -> list[RequestDelta | BackendGone]:
     """Consecutive deltas of one request merged into one, so that a stream that fell behind
     (the gateway is busy) catches up with one detokenizer pass, one SSE chunk and one write
-    instead of one per step. An error delta or a BackendGone is never merged: it ends the run
-    before it and passes as it is."""
+    instead of one per step. An error (of the request or of a sample) or a BackendGone is
+    never merged: it ends the run before it and passes as it is."""
     if len(items) == 1:
         return items
     out: list[RequestDelta | BackendGone] = []
     run: list[RequestDelta] = []
     for item in items:
-        if isinstance(item, RequestDelta) and item.error is None:
+        if isinstance(item, RequestDelta) and _mergeable(item):
             run.append(item)
             if item.finished:  # nothing follows a request's last delta
                 out.append(_merged(run))
@@ -220,6 +225,12 @@ def coalesce(items: list[RequestDelta | BackendGone]) -> list[RequestDelta | Bac
     if run:
         out.append(_merged(run))
     return out
+
+
+def _mergeable(delta: RequestDelta) -> bool:
+    """Not an error, nor a sample ended by abort or error: the gateway raises at those, so the
+    tokens before them must arrive in a delta of their own."""
+    return delta.error is None and not any(s.finish_reason in _FAILED for s in delta.seqs)
 
 
 def _merged(run: list[RequestDelta]) -> RequestDelta:

@@ -86,7 +86,9 @@ class GatewayLinks:
             await self.send(peer, message)
 
     def _drop(self, peer: bytes) -> None:
-        request_ids = self._open.pop(peer, set())
+        if peer not in self._open:  # found gone twice (a probe and a heartbeat at once)
+            return
+        request_ids = self._open.pop(peer)
         for request_id in request_ids:
             self._owner.pop(request_id, None)
         self._on_gone(sorted(request_ids))

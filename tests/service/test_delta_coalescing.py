@@ -43,6 +43,14 @@ def test_errors_and_a_lost_backend_are_never_merged():
     assert len(out) == 2 and out[0].seqs[0].token_ids == [5, 6] and out[1] is gone
 
 
+def test_a_sample_ended_by_error_or_abort_is_not_merged_into_the_tokens_before_it():
+    # The gateway raises at such a sample: the tokens before it must come in their own delta.
+    tokens = RequestDelta("r", [SeqDelta(0, [5]), SeqDelta(1, [6])], False)
+    for reason in ("error", "abort"):
+        ended = RequestDelta("r", [SeqDelta(0, [], [], reason)], True)
+        assert coalesce([tokens, ended]) == [tokens, ended]
+
+
 async def test_a_stream_that_fell_behind_reads_one_merged_delta(tmp_path):
     async with stand_in_scheduler(str(tmp_path / "ipc")) as stand_in:
         backend = stand_in.backend

@@ -5,11 +5,19 @@ both serve again once a killed scheduler is replaced."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiohttp
 import pytest
 
-from tests.service.stack_process import ServeProcess, metric, stream, wait_health, wait_metric
+from tests.service.stack_process import (
+    HEADERS,
+    ServeProcess,
+    metric,
+    stream,
+    wait_health,
+    wait_metric,
+)
 
 PROMPTS = [[5 + i, 17, 40 + 3 * (i % 4), 9, 33 + i % 4] for i in range(16)]
 
@@ -108,3 +116,32 @@ async def test_both_gateways_serve_again_after_the_scheduler_is_replaced(serve):
             assert asyncio.get_running_loop().time() < deadline, results
             await asyncio.sleep(0.5)
         await wait_metric(session, serve.url, "pagedserve_kv_blocks_used", 0)
+
+
+def test_requests_routed_per_replica_are_counted_over_every_gateway(tiny_model_dir):
+    # Each gateway routes over both replicas; /metrics from either must show all routings.
+    stack = ServeProcess(
+        tiny_model_dir, "--gateways", "2", "--replicas", "2", "--num-device-blocks", "128",
+        "--max-num-seqs", "8",
+    )  # fmt: skip
+    try:
+
+        async def run() -> list[float]:
+            url = f"{stack.url}/v1/completions"
+            body = {"model": stack.model, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+            async with _session() as session:
+                results = await asyncio.gather(
+                    *(stream(session, url, body | {"prompt": p}) for p in PROMPTS)
+                )
+                assert all(r["done"] and r["error"] is None for r in results)
+                totals = []
+                for _ in range(6):  # scrapes land on either gateway
+                    async with session.get(f"{stack.url}/metrics", headers=HEADERS) as response:
+                        text = await response.text()
+                    pattern = r'^pagedserve_replica_requests_total\{replica="\d"\} ([0-9.e+]+)$'
+                    totals.append(sum(float(v) for v in re.findall(pattern, text, re.M)))
+                return totals
+
+        assert asyncio.run(run()) == [len(PROMPTS)] * 6
+    finally:
+        assert stack.stop() == 0
