@@ -4,9 +4,9 @@ Builds a random-weight Llama of a named shape on the device (nothing downloaded)
 a tokenizer, and runs two workloads for all three in one run: fixed (256 requests, 256 prompt
 tokens, 256 output tokens) and varied (prompt and output lengths uniform in 32-512, seeded).
 Greedy, `ignore_eos`, bf16. In-process runs overlap steps (each launched behind the one in
-flight, as the engine does on CUDA; --compare-sync adds one-after-another). Writes tok/s, ms per step (CUDA-synchronised: the executor copies
-the sampled ids out once per step), the per-phase split, TTFT/TPOT of the served run and the
-device name.
+flight, as the engine does on CUDA; --compare-sync adds one-after-another). Writes tok/s, ms per
+step (CUDA-synchronised: the executor copies the sampled ids out once per step), the per-phase
+split, TTFT/TPOT of the served run and the device name.
 
     python benchmarks/gpu_throughput.py --shape 1b --tokenizer DIR
     python benchmarks/gpu_throughput.py --shape 8b --tokenizer DIR --skip-hf
