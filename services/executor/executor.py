@@ -53,7 +53,7 @@ class StepInFlight:
     params: list[SamplingParams] | None = None  # each draw's, when some row wants logprobs
     device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
     rows: dict[int, int] = dataclasses.field(default_factory=dict)  # seq_id -> its draw
-    result: StepResult | None = None  # once collected (at launch for failures, empty steps)
+    result: StepResult | None = None  # once collected (at launch for a failure)
 
     def landed(self) -> bool:
         """Its device work, the copy of its samples included, is done: collect() would not
@@ -314,7 +314,12 @@ class Executor:
                 on_device = set()
         seqs = list(plan.seqs)
         fills = []
-        flat = list(itertools.accumulate((len(s.token_ids) for s in seqs), initial=0))
+        # Each sequence's first row in the flat batch, for the device copies.
+        flat = (
+            list(itertools.accumulate((len(s.token_ids) for s in seqs), initial=0))
+            if on_device
+            else []
+        )
         for i in pending:
             seq = seqs[i]
             if len(seq.token_ids) != 1:
