@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -52,8 +53,12 @@ class StepInFlight:
     copy: HostCopy | None = None  # the sampled ids (and logprobs) being copied to the host
     params: list[SamplingParams] | None = None  # each draw's, when some row wants logprobs
     device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
-    rows: dict[int, int] = dataclasses.field(default_factory=dict)  # seq_id -> its draw
     result: StepResult | None = None  # once collected (at launch for a failure)
+
+    @functools.cached_property
+    def rows(self) -> dict[int, int]:
+        """seq_id -> its draw's row of device_tokens; built only when a step reads from it."""
+        return {d.seq_id: i for i, d in enumerate(self.draws)}
 
     def landed(self) -> bool:
         """Its device work, the copy of its samples included, is done: collect() would not
@@ -238,12 +243,12 @@ class Executor:
             # Before the pending tokens are filled in, which may fail: the scheduler never names
             # the freed ids again, so a failed plan must still release them.
             self._forget(plan.freed_seq_ids)
-            plan, fills = self._resolve_pending(plan)
+            plan, fills, source = self._resolve_pending(plan)
             if self.shard.size > 1 and self.shard.is_driver:
                 if not self.ranks_alive():
                     raise RuntimeError("a tensor-parallel rank has exited")
                 broadcast_bytes(self.shard, wire.encode(plan), self._comm_device)
-            flight = self._launch(plan, fills)
+            flight = self._launch(plan, fills, source)
         except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which ends requests
             flight = StepInFlight(plan.step_id, result=self._failure(plan.step_id, exc))
         if flight.result is None:
@@ -290,16 +295,19 @@ class Executor:
                 self.sampling.forget(seq_id)
                 self._last_sampled.pop(seq_id, None)
 
-    def _resolve_pending(self, plan: StepPlan) -> tuple[StepPlan, list[tuple[int, int]]]:
+    def _resolve_pending(
+        self, plan: StepPlan
+    ) -> tuple[StepPlan, list[tuple[int, int]], torch.Tensor | None]:
         """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
         token this executor sampled for that sequence in the previous step. Returns a copy
         with them filled in from the host, or, where the previous step is still in flight,
         with a placeholder and (flat input row, row of that step's samples) to copy on the
-        device. The caller's plan is left as it was sent."""
+        device from that step's sampled ids (the third value). The caller's plan is left as it
+        was sent."""
         # A pending token is always a decode's only input: no scan of long prompt chunks.
         pending = [i for i, s in enumerate(plan.seqs) if s.token_ids[-1:] == [PENDING_TOKEN]]
         if not pending:
-            return plan, []
+            return plan, [], None
         prev = self._latest
         on_device: set[int] = set()
         if prev is not None:
@@ -332,14 +340,20 @@ class Executor:
             else:
                 raise ValueError(f"sequence {seq.seq_id}: no sampled token for its input")
             seqs[i] = dataclasses.replace(seq, token_ids=[token])
-        return dataclasses.replace(plan, seqs=seqs), fills
+        source = prev.device_tokens if fills else None
+        return dataclasses.replace(plan, seqs=seqs), fills, source
 
     def _execute(self, plan: StepPlan) -> StepResult:
         """Ranks 1..: one plan, start to end."""
         self._forget(plan.freed_seq_ids)  # rank 0 does it in launch()
-        return self.collect(self._launch(plan, []))
+        return self.collect(self._launch(plan, [], None))
 
-    def _launch(self, plan: StepPlan, fills: list[tuple[int, int]]) -> StepInFlight:
+    def _launch(
+        self,
+        plan: StepPlan,
+        fills: list[tuple[int, int]],  # (flat input row, row of source)
+        source: torch.Tensor | None,  # [previous step's draws] int64 sampled ids on the device
+    ) -> StepInFlight:
         timer = PhaseTimer(self.device)
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
@@ -379,7 +393,7 @@ class Executor:
         batch = self.sampling.build(draws) if draws else None
         if fills:  # inputs the previous step is still sampling: read from its device tensor
             at, rows = host_to_device(torch.tensor(fills, dtype=torch.int64).T, self.device)
-            inputs.input_ids[at] = self._latest.device_tokens[rows]
+            inputs.input_ids[at] = source[rows]
         timer.mark("prepare")
         with torch.inference_mode():
             decode_only = inputs.attention.max_query_len == 1 and len(sampling_seqs) == len(
@@ -403,7 +417,6 @@ class Executor:
             # asked-for logprobs) only.
             flight.copy = start_copy(output)
             flight.device_tokens = output.token_ids
-            flight.rows = {d.seq_id: i for i, d in enumerate(draws)}
             if batch.num_logprobs >= 0:
                 flight.params = [self.sampling.seqs[d.seq_id].params for d in draws]
         # The copy is queued (on a CPU, done): the step's device work ends here, whatever runs

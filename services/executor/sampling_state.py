@@ -157,8 +157,7 @@ class SamplingStates:
         """Record the tokens a plan feeds a sequence (prompt chunks, recompute, last token)."""
         state = self.seqs[seq_id]
         end = start_pos + len(token_ids)
-        if state.penalty_slot is None and state.matcher is None and state.prompt_len is not None:
-            # Most steps of most sequences: only the count of tokens seen moves.
+        if _plain(state):  # most steps of most sequences: only the count of tokens seen moves
             state.num_seen = max(state.num_seen, end)
             return
         if state.prompt_len is None and samples:
@@ -296,12 +295,14 @@ class SamplingStates:
     def plain(self, seq_id: int) -> bool:
         """Its next draw needs no token values of its history (no penalties, no grammar):
         only positions, so its input may still be on the device when the step is prepared."""
-        state = self.seqs[seq_id]
-        return state.penalty_slot is None and state.matcher is None and state.prompt_len is not None
+        return _plain(self.seqs[seq_id])
 
     def results(self, draws: list[Draw], output: SamplerOutput) -> list[SampledToken]:
-        """Copy the step's draws to the host (the step's one synchronisation) as records."""
-        return self.records(draws, start_copy(output))
+        """Copy the step's draws to the host and wait for them, as records."""
+        copy = start_copy(output)
+        if output.token_ids.device.type == "cuda":
+            torch.cuda.current_stream(output.token_ids.device).synchronize()
+        return self.records(draws, copy)
 
     def records(
         self,
@@ -309,9 +310,10 @@ class SamplingStates:
         copy: HostCopy,
         params: list[SamplingParams] | None = None,
     ) -> list[SampledToken]:
-        """The draws as records once their copy has landed. params: each draw's parameters as
-        they were at launch (its sequence may be forgotten since); needed only with logprobs."""
-        host = copy.wait()
+        """The draws as records; the caller has waited for the copy to land (the executor, on
+        the step's last timer mark). params: each draw's parameters as they were at launch (its
+        sequence may be forgotten since); needed only with logprobs."""
+        host = copy.host
         token_ids = host[0].tolist()
         if copy.output.logprobs is None:  # no row asked for logprobs
             return [SampledToken(d.seq_id, t) for d, t in zip(draws, token_ids)]
@@ -333,20 +335,18 @@ class SamplingStates:
         return tokens
 
 
+def _plain(state: SeqSampling) -> bool:
+    return state.penalty_slot is None and state.matcher is None and state.prompt_len is not None
+
+
 @dataclass
 class HostCopy:
     """A step's sampled ids (and logprobs) on their way to the host: on a GPU the copies are
-    queued behind the step and an event marks their end, so waiting for them does not wait for
-    work queued after (the next step, launched meanwhile)."""
+    queued behind the step, and whoever waits for them waits on an event recorded after them
+    (not on the stream, which may hold the next step by then)."""
 
     output: SamplerOutput
-    host: list[torch.Tensor]  # pinned on a GPU; filled once `event` has passed
-    event: Any = None  # torch.cuda.Event, or None where the copies were synchronous
-
-    def wait(self) -> list[torch.Tensor]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host
+    host: list[torch.Tensor]  # pinned on a GPU; valid once the copies have run
 
 
 def start_copy(output: SamplerOutput) -> HostCopy:
@@ -354,7 +354,4 @@ def start_copy(output: SamplerOutput) -> HostCopy:
     tensors = [t for t in tensors if t is not None]
     if tensors[0].device.type != "cuda":
         return HostCopy(output, [t.cpu() for t in tensors])
-    host = [t.to("cpu", non_blocking=True) for t in tensors]  # into pinned buffers
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(tensors[0].device))
-    return HostCopy(output, host, event)
+    return HostCopy(output, [t.to("cpu", non_blocking=True) for t in tensors])  # pinned

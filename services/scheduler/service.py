@@ -125,7 +125,6 @@ class SchedulerService:
         self._executor_back = asyncio.Event()
         self.num_executor_restarts = 0
         self._announcement: SchedulerReady | None = None
-        self._background: set[asyncio.Task] = set()
 
     async def run(self) -> int:
         ctx = zmq.asyncio.Context()
