@@ -45,8 +45,11 @@ class SamplingBatch:
     use_min_p: bool
     num_logprobs: int  # top logprobs to return per row (max over rows that asked), -1: none
     penalties: PenaltyInputs | None = None
-    # Additive edits applied as logits[rows, tokens] += values (logit_bias; -inf masks for
-    # min_tokens): [E] int64, [E] int64, [E] fp32.
+    # logit_bias: logits[bias_rows] += bias; [L] int64 rows, [L, vocab] fp32 (zero where unset).
+    bias_rows: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    # Additive edits applied as logits[rows, tokens] += values (-inf masks for min_tokens):
+    # [E] int64, [E] int64, [E] fp32.
     edit_rows: torch.Tensor | None = None
     edit_tokens: torch.Tensor | None = None
     edit_values: torch.Tensor | None = None
@@ -73,7 +76,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     # [B, vocab]: the logits rows themselves when no row is read twice (no fork this step).
     raw = logits if batch.rows_identity else logits.index_select(0, batch.logits_rows)
     edits = (
-        batch.edit_rows is not None
+        batch.bias is not None
+        or batch.edit_rows is not None
         or batch.grammar_bitmask is not None
         or batch.penalties is not None
     )
@@ -94,6 +98,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
 
 def _processed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """[B, vocab] logits after bias, masks and penalties (in place where possible)."""
+    if batch.bias is not None:
+        logits.index_add_(0, batch.bias_rows, batch.bias)
     if batch.edit_rows is not None:
         logits.index_put_((batch.edit_rows, batch.edit_tokens), batch.edit_values, accumulate=True)
     if batch.grammar_bitmask is not None:

@@ -31,6 +31,7 @@ class SeqSampling:
     num_seen: int = 0  # tokens (by position) already fed and recorded
     penalty_slot: int | None = None  # row of the PenaltyTable, penalised sequences only
     matcher: Any = None  # xgrammar.GrammarMatcher for structured output
+    bias: LogitBias | None = None  # built once when added; forks share it
     key: int = field(init=False)  # sample_key(seed, sample_index): a draw's key is one mix
 
     def __post_init__(self) -> None:
@@ -40,6 +41,22 @@ class SeqSampling:
     def num_outputs(self) -> int:
         """Generated tokens so far (the next draw's position among the outputs)."""
         return self.num_seen - self.prompt_len if self.prompt_len is not None else 0
+
+
+@dataclass(frozen=True)
+class LogitBias:
+    """A request's logit_bias on the device, so that no step walks its entries in Python: a
+    [vocab] fp32 row (zero where unset) when it names many tokens, else its ids and values."""
+
+    row: torch.Tensor | None
+    ids: torch.Tensor | None = None  # [K] int64
+    values: torch.Tensor | None = None  # [K] fp32
+
+
+# A bias naming at least vocab / DENSE_BIAS_DIVISOR tokens is a dense row: on a CPU a step's
+# cost of a dense row and of about vocab / 12 sparse entries are even (measured by
+# benchmarks/logit_bias_cost.py); smaller biases stay sparse, cheaper than copying whole rows.
+DENSE_BIAS_DIVISOR = 8
 
 
 @dataclass
@@ -131,6 +148,8 @@ class SamplingStates:
         state = SeqSampling(params, seed, sample_index, prompt_len)
         if params.has_penalties:
             state.penalty_slot = self.penalties.acquire()
+        if params.logit_bias:
+            state.bias = self._logit_bias(params.logit_bias)
         if params.guided is not None:
             state.matcher = self._make_matcher(params.guided)
         self.seqs[seq_id] = state
@@ -227,6 +246,7 @@ class SamplingStates:
             num_logprobs=min(max(asked), vocab) if asked else -1,
         )
         self._add_penalties(batch, states)
+        self._add_bias(batch, states)
         self._add_edits(batch, states)
         self._add_grammar(batch, states)
         return batch
@@ -254,17 +274,31 @@ class SamplingStates:
             repetition=values[2],
         )
 
+    def _logit_bias(self, logit_bias: tuple[tuple[int, float], ...]) -> LogitBias:
+        ids = host_to_device(torch.tensor([t for t, _ in logit_bias]), self.device)
+        values = torch.tensor([b for _, b in logit_bias], dtype=torch.float32)
+        values = host_to_device(values, self.device)
+        if len(logit_bias) * DENSE_BIAS_DIVISOR < self.vocab_size:
+            return LogitBias(None, ids, values)
+        row = torch.zeros(self.vocab_size, dtype=torch.float32, device=self.device)
+        return LogitBias(row.index_put_((ids,), values))
+
+    def _add_bias(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
+        """Dense logit_bias rows: one add of whole rows (sparse ones are edits)."""
+        rows = [i for i, s in enumerate(states) if s.bias is not None and s.bias.row is not None]
+        if rows:
+            batch.bias_rows = host_to_device(torch.tensor(rows), self.device)
+            batch.bias = torch.stack([states[i].bias.row for i in rows])
+
     def _add_edits(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
-        """logit_bias, and -inf on eos and stop tokens for rows still short of min_tokens."""
+        """Sparse logit_bias, and -inf on eos and stop tokens for rows still short of
+        min_tokens: (row, token, value) triples, in Python per row, never per bias entry."""
+        sparse = [i for i, s in enumerate(states) if s.bias is not None and s.bias.row is None]
         rows: list[int] = []
         tokens: list[int] = []
         values: list[float] = []
         for i, state in enumerate(states):
             p = state.params
-            for token, bias in p.logit_bias:
-                rows.append(i)
-                tokens.append(token)
-                values.append(bias)
             if state.num_outputs < p.min_tokens:
                 banned = set(p.stop_token_ids)
                 if not p.ignore_eos:
@@ -273,12 +307,19 @@ class SamplingStates:
                     rows.append(i)
                     tokens.append(token)
                     values.append(float("-inf"))
-        if rows:
-            edits = host_to_device(torch.tensor([rows, tokens], dtype=torch.int64), self.device)
-            batch.edit_rows, batch.edit_tokens = edits[0], edits[1]
-            batch.edit_values = host_to_device(
-                torch.tensor(values, dtype=torch.float32), self.device
-            )
+        if not rows and not sparse:
+            return
+        edits = host_to_device(torch.tensor([rows, tokens], dtype=torch.int64), self.device)
+        edit_values = host_to_device(torch.tensor(values, dtype=torch.float32), self.device)
+        if not sparse:
+            batch.edit_rows, batch.edit_tokens, batch.edit_values = *edits, edit_values
+            return
+        biases = [states[i].bias for i in sparse]
+        counts = torch.tensor([len(b.ids) for b in biases])
+        bias_rows = torch.repeat_interleave(torch.tensor(sparse), counts)
+        batch.edit_rows = torch.cat([host_to_device(bias_rows, self.device), edits[0]])
+        batch.edit_tokens = torch.cat([*(b.ids for b in biases), edits[1]])
+        batch.edit_values = torch.cat([*(b.values for b in biases), edit_values])
 
     def _add_grammar(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
         rows = [i for i, s in enumerate(states) if s.matcher is not None]
