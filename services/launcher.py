@@ -67,6 +67,7 @@ class Stack:
             gateway += ["--api-key", args.api_key]
         if args.max_queued_requests is not None:
             gateway += ["--max-queued-requests", str(args.max_queued_requests)]
+        gateway += ["--max-chat-messages", str(args.max_chat_messages)]
         if args.request_timeout is not None:
             gateway += ["--request-timeout", str(args.request_timeout)]
         for addresses in replicas[1:]:

@@ -12,6 +12,7 @@ from shared.errors import InvalidRequestError
 # Upper bound on requested top logprobs; OpenAI allows 20 for chat and 5 for completions.
 MAX_LOGPROBS = 20
 INT32_MAX = 2**31 - 1  # bounds integer fields so every value fits the wire and torch tensors
+_MAX_TOKEN_ID_CHARS = len(str(INT32_MAX))
 # Below this temperature sampling is greedy: dividing by it would overflow fp32 logits.
 MIN_TEMPERATURE = 1e-5
 MAX_SAMPLES = 64  # n and best_of: sequences of one request, all sharing the prompt's blocks
@@ -182,6 +183,12 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
             raise InvalidRequestError("logit_bias must map token ids to numbers", "logit_bias")
         key, bias = item
         if isinstance(key, str):
+            # Measured before int(), which takes quadratic time on long digit strings.
+            if len(key) > _MAX_TOKEN_ID_CHARS:
+                raise InvalidRequestError(
+                    f"logit_bias key {key[:20]!r}... ({len(key)} characters) is not a token id",
+                    param="logit_bias",
+                )
             try:
                 key = int(key)
             except ValueError:

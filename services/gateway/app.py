@@ -15,6 +15,7 @@ from services.gateway.detokenizer import TokenTexts
 from services.gateway.http_errors import AuthenticationError, ServiceUnavailableError
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_spec
+from services.gateway.prompts import DEFAULT_MAX_CHAT_MESSAGES
 from services.gateway.serving import INTERNAL_ERROR, handle_generate
 from services.gateway.state import GatewayState
 from services.gateway.tokenize import handle_detokenize, handle_tokenize
@@ -35,6 +36,7 @@ def create_app(
     *,
     api_key: str | None = None,
     max_queued_requests: int | None = None,
+    max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES,
     request_timeout_s: float | None = None,
 ) -> web.Application:
     state = GatewayState(
@@ -44,6 +46,7 @@ def create_app(
         texts=TokenTexts(tokenizer),
         api_key=api_key,
         max_queued_requests=max_queued_requests,
+        max_chat_messages=max_chat_messages,
         request_timeout_s=request_timeout_s,
     )
     if hasattr(backend, "on_route"):  # several replicas: count each routing on /metrics

@@ -14,19 +14,25 @@ BROWSER_PATHS = frozenset({"/dashboard"})
 
 
 def authorized(request: web.Request, key: str) -> bool:
-    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    # aiohttp decodes header bytes that are not UTF-8 to lone surrogates; surrogateescape turns
+    # them back into the bytes sent, so the key is compared as the bytes the client sent.
+    try:
+        header = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte decodes to: not a header from the wire
+        return False
+    scheme, _, credentials = header.partition(b" ")
     scheme = scheme.lower()
-    if scheme == "bearer":
+    if scheme == b"bearer":
         token = credentials.strip()
-    elif scheme == "basic":
+    elif scheme == b"basic":
         try:
-            decoded = base64.b64decode(credentials.strip(), validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
+            decoded = base64.b64decode(credentials.strip(), validate=True)
+        except binascii.Error:
             return False
-        token = decoded.partition(":")[2]
+        token = decoded.partition(b":")[2]
     else:
         return False
-    return hmac.compare_digest(token.encode(), key.encode())
+    return hmac.compare_digest(token, key.encode())
 
 
 def browser_challenge() -> web.Response:

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from services.gateway.prompts import (
+    DEFAULT_MAX_CHAT_MESSAGES,
+    chat_prompt_ids,
+    check_prompt_len,
+    max_seq_len,
+    text_prompt_ids,
+)
 from services.gateway.request_fields import reject_unsupported
-from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError, ModelNotFoundError
 from shared.protocol import SchedulerReady
 from shared.sampling import SamplingParams
 from shared.structured import guided_from_body
+from shared.text_codec import decode_ids
 
 Kind = Literal["completion", "chat"]
 
@@ -35,12 +41,6 @@ class ParsedRequest:
     logprobs: bool = False  # render logprobs in the response
 
 
-def max_seq_len(info: SchedulerReady) -> int:
-    """Longest sequence (prompt + output) the model context and the KV pool can hold."""
-    ex = info.executor
-    return min(ex.max_model_len, ex.num_device_blocks * ex.block_size)
-
-
 def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) -> ParsedRequest:
     """Validate a /v1/completions body and tokenize its prompt (blocking: run off the loop)."""
     body = _require_object(body)
@@ -48,12 +48,11 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
     model = _check_model(body, info)
     prompt = _single_prompt(body.get("prompt"))
     if isinstance(prompt, str):
-        check_text_len(len(prompt), info, tokenizer, "prompt")
-        prompt_ids = list(tokenizer.encode(prompt))
+        prompt_ids = text_prompt_ids(prompt, info, tokenizer, "prompt")
     else:
         _check_token_ids(prompt, info.executor.vocab_size)
         prompt_ids = list(prompt)
-    _check_prompt_len(prompt_ids, info, "prompt")
+    check_prompt_len(prompt_ids, info, "prompt")
 
     logprobs = _opt_int(body, "logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
@@ -63,7 +62,9 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
     echo = _opt_bool(body, "echo", False)
     echo_text = None
     if echo:
-        echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+        echo_text = (
+            prompt if isinstance(prompt, str) else decode_ids(tokenizer, prompt_ids, "prompt")
+        )
     max_tokens = _opt_int(body, "max_tokens")
     stream, include_usage = _stream_flags(body)
     sampling = _sampling(body, info, max_tokens if max_tokens is not None else 16, logprobs, stream)
@@ -80,14 +81,18 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
     )
 
 
-def parse_chat_request(body: Any, info: SchedulerReady, tokenizer: Any) -> ParsedRequest:
+def parse_chat_request(
+    body: Any,
+    info: SchedulerReady,
+    tokenizer: Any,
+    max_messages: int = DEFAULT_MAX_CHAT_MESSAGES,
+) -> ParsedRequest:
     """Validate a /v1/chat/completions body and render its chat template (blocking)."""
     body = _require_object(body)
     reject_unsupported(body, "chat")
     model = _check_model(body, info)
-    check_text_len(chat_text_chars(body.get("messages")), info, tokenizer, "messages")
-    prompt_ids = chat_prompt_ids(tokenizer, body.get("messages"))
-    _check_prompt_len(prompt_ids, info, "messages")
+    prompt_ids = chat_prompt_ids(body.get("messages"), info, tokenizer, max_messages)
+    check_prompt_len(prompt_ids, info, "messages")
 
     want_logprobs = _opt_bool(body, "logprobs", False)
     top = _opt_int(body, "top_logprobs")
@@ -176,57 +181,6 @@ def _check_token_ids(ids: list[int], vocab_size: int) -> None:
             )
 
 
-def check_text_len(text_chars: int, info: SchedulerReady, tokenizer: Any, param: str) -> None:
-    """Refuse text that must tokenize past the context, before paying for its tokenization.
-
-    A token's string covers at most `longest token` characters of text (byte-level tokens spell
-    one byte per character, and a character is at least one byte), so text longer than
-    limit x that many characters has more than `limit` tokens.
-    """
-    limit = max_seq_len(info)
-    if text_chars > limit * _longest_token(tokenizer):
-        raise InvalidRequestError(
-            f"the prompt has {text_chars} characters, more than fit this server's context of "
-            f"{limit} tokens",
-            param=param,
-            code="context_length_exceeded",
-        )
-
-
-@functools.cache
-def _longest_token(tokenizer: Any) -> int:
-    return max(1, max(len(token) for token in tokenizer.get_vocab()))
-
-
-def chat_text_chars(messages: Any) -> int:
-    """Characters of text in chat messages (whatever their shape; the template checks it)."""
-    if not isinstance(messages, list):
-        return 0
-    total = 0
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        parts = content if isinstance(content, list) else [content]
-        for part in parts:
-            if isinstance(part, dict):
-                part = part.get("text")
-            if isinstance(part, str):
-                total += len(part)
-    return total
-
-
-def _check_prompt_len(ids: list[int], info: SchedulerReady, param: str) -> None:
-    if not ids:
-        raise InvalidRequestError("the prompt is empty", param=param)
-    limit = max_seq_len(info)
-    if len(ids) >= limit:
-        raise InvalidRequestError(
-            f"the prompt has {len(ids)} tokens, which leaves no room to generate: "
-            f"at most {limit - 1} prompt tokens fit this server's context",
-            param=param,
-            code="context_length_exceeded",
-        )
-
-
 def _sampling(
     body: dict[str, Any],
     info: SchedulerReady,
@@ -294,10 +248,25 @@ def _sampling(
 def _check_logit_bias(bias: Any, vocab_size: int) -> None:
     if not isinstance(bias, dict):
         raise InvalidRequestError("logit_bias must map token ids to numbers", param="logit_bias")
+    if len(bias) > vocab_size:
+        raise InvalidRequestError(
+            f"logit_bias has {len(bias)} entries, more than the {vocab_size} token ids",
+            param="logit_bias",
+        )
+    # A key longer than the largest id is no id, and int() of a long one costs quadratic time
+    # (Python refuses past 4,300 digits): measure before converting.
+    max_digits = len(str(vocab_size))
     for key in bias:
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab_size):
+        if not (
+            isinstance(key, str)
+            and 0 < len(key) <= max_digits
+            and key.isascii()
+            and key.isdigit()
+            and int(key) < vocab_size
+        ):
+            shown = key if len(key) <= 20 else f"{key[:20]}... ({len(key)} characters)"
             raise InvalidRequestError(
-                f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
+                f"logit_bias key {shown!r} is not a token id in [0, {vocab_size})",
                 param="logit_bias",
             )
 

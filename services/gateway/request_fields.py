@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.chat import ROLES
 from shared.errors import InvalidRequestError
 
 _INT = {"type": "integer"}
@@ -70,7 +71,7 @@ COMPLETION_ONLY: dict[str, dict[str, Any]] = {
     "logprobs": {**_INT, "minimum": 0, "maximum": 5},
 }
 
-# What shared/chat.py accepts: a string role, content as text or a list of text parts.
+# What shared/chat.py accepts: one of its roles, content as text or a list of text parts.
 MESSAGES: dict[str, Any] = {
     "type": "array",
     "minItems": 1,
@@ -78,7 +79,7 @@ MESSAGES: dict[str, Any] = {
         "type": "object",
         "required": ["role", "content"],
         "properties": {
-            "role": {"enum": ["system", "user", "assistant"]},
+            "role": {"enum": sorted(ROLES)},
             "content": {"type": "string"},
         },
     },

@@ -12,6 +12,7 @@ import signal
 import uvloop
 from aiohttp import web
 
+from services.gateway.prompts import DEFAULT_MAX_CHAT_MESSAGES
 from services.gateway.replicas import ReplicaRouter
 from services.gateway.zmq_backend import ZmqBackend
 from shared.ipc import add_address_args, addresses_from_args
@@ -30,6 +31,12 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="answer 429 while this many requests wait for admission",
+    )
+    group.add_argument(
+        "--max-chat-messages",
+        type=int,
+        default=DEFAULT_MAX_CHAT_MESSAGES,
+        help="refuse (400) a chat request with more messages than this, before rendering it",
     )
     group.add_argument(
         "--request-timeout",
@@ -78,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer,
         api_key=args.api_key or None,  # an empty key (compose's default) means no key
         max_queued_requests=args.max_queued_requests,
+        max_chat_messages=args.max_chat_messages,
         request_timeout_s=args.request_timeout,
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import logging
 from typing import Any
 
@@ -11,10 +11,11 @@ from aiohttp import web
 
 from services.gateway import openai_responses as fmt
 from services.gateway.detokenizer import TokenTexts
+from services.gateway.input_work import InputWork, JsonBody
 from services.gateway.openai_api import Kind, parse_chat_request, parse_completion_request
 from services.gateway.request_run import GenerationFailed, RequestRun, SampleUpdate
 from services.gateway.state import GatewayState
-from shared.errors import InvalidRequestError, PagedServeError
+from shared.errors import PagedServeError
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,15 @@ async def handle_generate(
     request: web.Request, state: GatewayState, kind: Kind
 ) -> web.StreamResponse:
     info = state.require_info()
-    body = await read_json(request)
-    parse = parse_completion_request if kind == "completion" else parse_chat_request
+    body = await read_json(request, state.inputs)
     # Chat templates and tokenization cost a few milliseconds of CPU: keep them off the loop.
-    loop = asyncio.get_running_loop()
-    parsed = await loop.run_in_executor(None, parse, body, info, state.tokenizer)
+    if kind == "completion":
+        work = functools.partial(parse_completion_request, body.value, info, state.tokenizer)
+    else:
+        work = functools.partial(
+            parse_chat_request, body.value, info, state.tokenizer, state.max_chat_messages
+        )
+    parsed = await state.inputs.run(body.large, work)
     state.check_queue()  # after the last await, so a burst cannot pass the limit together
     run = RequestRun(state, parsed)
     task = asyncio.current_task()
@@ -46,14 +51,9 @@ async def handle_generate(
         watcher.cancel()
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request, inputs: InputWork) -> JsonBody:
     raw = await request.read()
-    try:
-        return json.loads(raw)
-    except ValueError:  # also covers UnicodeDecodeError
-        raise InvalidRequestError(
-            "the request body is not valid JSON", code="invalid_json"
-        ) from None
+    return await inputs.parse(raw)
 
 
 def error_response(error: dict[str, Any], status: int) -> web.Response:

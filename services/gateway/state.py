@@ -12,7 +12,9 @@ from typing import Any
 from services.gateway.backend import Backend
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.http_errors import RateLimitError, ServiceUnavailableError
+from services.gateway.input_work import InputWork
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.prompts import DEFAULT_MAX_CHAT_MESSAGES
 from shared.protocol import SchedulerReady
 
 log = logging.getLogger(__name__)
@@ -26,12 +28,14 @@ class GatewayState:
     texts: TokenTexts
     api_key: str | None = None
     max_queued_requests: int | None = None
+    max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES  # more in one request is a 400
     request_timeout_s: float | None = None  # a request running longer ends with a timeout error
     # Submitted by this gateway but without any delta yet: the scheduler's num_waiting may not
     # count them yet, and a burst must not slip past the queue limit in between.
     num_unstarted: int = 0
     started: int = field(default_factory=lambda: int(time.time()))  # /v1/models "created"
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    inputs: InputWork = field(default_factory=InputWork)  # where bodies are parsed and tokenized
 
     def require_info(self) -> SchedulerReady:
         info = self.backend.info
@@ -72,3 +76,4 @@ class GatewayState:
         """Let pending background work (aborts) finish; used on app cleanup."""
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        self.inputs.close()

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 
-from services.gateway.openai_api import chat_text_chars, check_text_len, max_seq_len
+from services.gateway.prompts import chat_prompt_ids, max_seq_len, text_prompt_ids
 from services.gateway.serving import read_json
 from services.gateway.state import GatewayState
-from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError
+from shared.text_codec import decode_ids
 
 
 def tokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
@@ -23,8 +22,7 @@ def tokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
     if ("prompt" in body) == ("messages" in body):
         raise InvalidRequestError("give exactly one of `prompt` and `messages`", param="prompt")
     if "messages" in body:
-        check_text_len(chat_text_chars(body["messages"]), info, state.tokenizer, "messages")
-        ids = chat_prompt_ids(state.tokenizer, body["messages"])
+        ids = chat_prompt_ids(body["messages"], info, state.tokenizer, state.max_chat_messages)
     else:
         prompt = body["prompt"]
         if not isinstance(prompt, str):
@@ -32,8 +30,9 @@ def tokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
         add_special = body.get("add_special_tokens", True)
         if not isinstance(add_special, bool):
             raise InvalidRequestError("add_special_tokens must be a boolean", "add_special_tokens")
-        check_text_len(len(prompt), info, state.tokenizer, "prompt")
-        ids = list(state.tokenizer.encode(prompt, add_special_tokens=add_special))
+        ids = text_prompt_ids(
+            prompt, info, state.tokenizer, "prompt", add_special_tokens=add_special
+        )
     result: dict[str, Any] = {"count": len(ids), "max_model_len": max_seq_len(info), "tokens": ids}
     if body.get("return_token_strs") is True:
         result["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
@@ -53,7 +52,7 @@ def detokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
         raise InvalidRequestError(
             f"tokens must be a list of token ids in [0, {vocab})", param="tokens"
         )
-    return {"prompt": state.tokenizer.decode(tokens)}
+    return {"prompt": decode_ids(state.tokenizer, tokens, "tokens")}
 
 
 def _check_model(body: dict[str, Any], model_name: str) -> None:
@@ -67,12 +66,11 @@ def _check_model(body: dict[str, Any], model_name: str) -> None:
 
 
 async def handle_tokenize(request: web.Request, state: GatewayState) -> web.Response:
-    body = await read_json(request)
-    loop = asyncio.get_running_loop()
-    return web.json_response(await loop.run_in_executor(None, tokenize_body, body, state))
+    body = await read_json(request, state.inputs)
+    return web.json_response(await state.inputs.run(body.large, tokenize_body, body.value, state))
 
 
 async def handle_detokenize(request: web.Request, state: GatewayState) -> web.Response:
-    body = await read_json(request)
-    loop = asyncio.get_running_loop()
-    return web.json_response(await loop.run_in_executor(None, detokenize_body, body, state))
+    body = await read_json(request, state.inputs)
+    result = await state.inputs.run(body.large, detokenize_body, body.value, state)
+    return web.json_response(result)

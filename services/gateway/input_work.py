@@ -1,0 +1,85 @@
+"""Where request bodies are parsed and prompts tokenized: small ones beside everything else, large
+ones queued on a thread of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple, TypeVar
+
+from shared.errors import InvalidRequestError
+
+T = TypeVar("T")
+
+MAX_JSON_DEPTH = 64  # nesting levels a request body may use; OpenAI bodies need about 6
+# Bodies from here on are parsed off the event loop (json.loads takes about 1 ms per 256 KiB).
+PARSE_OFF_LOOP_BYTES = 256 * 1024
+# Bodies from here on carry enough text (or token ids) that parsing and tokenizing them takes
+# long enough to hold a thread for a while: they queue on the large-input thread.
+LARGE_INPUT_BYTES = 64 * 1024
+
+
+class JsonBody(NamedTuple):
+    value: Any  # the parsed body
+    large: bool  # its work goes to the large-input thread
+
+
+class InputWork:
+    """Two places to run blocking input work: the loop's default pool, and one thread for large
+    inputs, so that one client's huge bodies queue behind each other, not in front of every
+    small request."""
+
+    def __init__(self, large_workers: int = 1) -> None:
+        self._large = ThreadPoolExecutor(large_workers, thread_name_prefix="large-input")
+
+    async def parse(self, raw: bytes) -> JsonBody:
+        large = len(raw) >= LARGE_INPUT_BYTES
+        if len(raw) < PARSE_OFF_LOOP_BYTES:
+            return JsonBody(parse_json(raw), large)
+        return JsonBody(await self.run(True, parse_json, raw), large)
+
+    async def run(self, large: bool, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._large if large else None, fn, *args)
+
+    def close(self) -> None:
+        self._large.shutdown(wait=False, cancel_futures=True)
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, refused (400) when malformed or nested past MAX_JSON_DEPTH."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:  # json's C decoder recurses once per level
+        raise _too_deep() from None
+    except ValueError:  # also covers UnicodeDecodeError and ints past Python's 4,300 digits
+        raise InvalidRequestError(
+            "the request body is not valid JSON", code="invalid_json"
+        ) from None
+    # Nesting past the limit needs more brackets than that in all: most bodies skip the walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
+        raise _too_deep()
+    return value
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests past `limit`, level by level (recursing would be the problem)."""
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+    return bool(level)
+
+
+def _too_deep() -> InvalidRequestError:
+    return InvalidRequestError(
+        f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json"
+    )
