@@ -77,7 +77,12 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256  # running sequences per step, at most
-    max_num_batched_tokens: int = 2048  # tokens computed per step, at most (the token budget)
+    # Tokens computed per step, at most (the token budget); None: 512 on a CPU, 2048 elsewhere
+    # (see token_budget).
+    max_num_batched_tokens: int | None = None
+    # While other sequences decode, the prompt tokens one request computes per step, at most
+    # (a long prompt alone still takes the whole budget); None: 256 on a CPU, no cap elsewhere.
+    max_prefill_tokens_per_request: int | None = None
     enable_chunked_prefill: bool = True  # split long prompts across steps to fit the budget
     preemption_mode: PreemptionMode = "recompute"
     # Fraction of device blocks kept free at admission so that admitted groups can grow a little
@@ -103,7 +108,10 @@ class SchedulerConfig:
             raise ValueError(
                 f"budget_order must be decode-first or arrival, got {self.budget_order!r}"
             )
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens, allow_none=True)
+        _positive(
+            "max_prefill_tokens_per_request", self.max_prefill_tokens_per_request, allow_none=True
+        )
         if self.preemption_mode not in ("swap", "recompute"):
             raise ValueError(
                 f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}"
@@ -115,6 +123,22 @@ class SchedulerConfig:
                 "kv_policy must be paged, orca-max, orca-pow2 or orca-oracle, "
                 f"got {self.kv_policy!r}"
             )
+
+    def token_budget(self, device_type: str) -> int:
+        """max_num_batched_tokens on this executor's device type ("cpu", "cuda", "sim")."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        # A CPU step's time grows with its tokens: 512 served best of 256-2048 (the chunk size
+        # sweep in docs/benchmarks.md); a GPU needs large steps to keep its matmuls busy.
+        return 512 if device_type == "cpu" else 2048
+
+    def prefill_cap(self, device_type: str) -> int | None:
+        """max_prefill_tokens_per_request on this device type; None: no cap."""
+        if self.max_prefill_tokens_per_request is not None:
+            return self.max_prefill_tokens_per_request
+        # On a CPU a step's time is about proportional to its tokens, so every prompt token a
+        # step holds delays the running streams' next token (benchmarks/long_prompt_fairness.py).
+        return 256 if device_type == "cpu" else None
 
 
 @dataclass(frozen=True)

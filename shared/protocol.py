@@ -21,6 +21,8 @@ class ExecutorReady:
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    # "cpu", "cuda" or "sim" (a modelled GPU): the scheduler's defaults depend on it.
+    device_type: str = "cuda"
 
 
 # In a plan made while the step before it still ran (async scheduling): "the token you sampled

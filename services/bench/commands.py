@@ -148,7 +148,8 @@ def run_setup(args: argparse.Namespace, engine) -> dict:
         "block_size": scheduler.block_size,
         "max_seq_len": scheduler.max_seq_len,
         "max_num_seqs": engine.config.scheduler.max_num_seqs,
-        "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "max_prefill_tokens_per_request": scheduler.prefill_cap,
         "preemption_mode": engine.config.scheduler.preemption_mode,
     }
 

@@ -91,7 +91,7 @@ def _setup(engine) -> dict:
         "num_device_blocks": engine.scheduler.block_manager.device.num_blocks,
         "block_size": engine.scheduler.block_size,
         "max_num_seqs": config.scheduler.max_num_seqs,
-        "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
+        "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
         "num_threads": config.model.num_threads,
         "device": config.model.device,
     }

@@ -60,7 +60,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     sched = parser.add_argument_group("scheduler")
     sched.add_argument("--max-num-seqs", type=int, default=256)
     sched.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="token budget per step"
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per step (default: 512 on a CPU, 2048 on a GPU)",
+    )
+    sched.add_argument(
+        "--max-prefill-tokens-per-request",
+        type=int,
+        default=None,
+        help="while other sequences decode, the prompt tokens one request computes per step, at "
+        "most (default: 256 on a CPU, no cap on a GPU; the token budget turns it off)",
     )
     sched.add_argument(
         "--no-chunked-prefill",
@@ -152,6 +162,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            max_prefill_tokens_per_request=args.max_prefill_tokens_per_request,
             enable_chunked_prefill=args.chunked_prefill,
             preemption_mode=args.preemption_mode,
             kv_policy=args.kv_policy,
@@ -184,7 +195,6 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--kv-cache-gb", str(args.kv_cache_gb),
         "--swap-space-gb", str(args.swap_space_gb),
         "--max-num-seqs", str(args.max_num_seqs),
-        "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--preemption-mode", args.preemption_mode,
         "--kv-policy", args.kv_policy,
         "--device", args.device,
@@ -202,6 +212,8 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--max-model-len": args.max_model_len,
         "--num-threads": args.num_threads,
         "--num-device-blocks": args.num_device_blocks,
+        "--max-num-batched-tokens": args.max_num_batched_tokens,
+        "--max-prefill-tokens-per-request": args.max_prefill_tokens_per_request,
         "--tp-master-port": args.tp_master_port,
         "--sim-kv-gb": args.sim_kv_gb,
         "--sim-overhead-ms": args.sim_overhead_ms,

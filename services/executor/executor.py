@@ -226,6 +226,7 @@ class Executor:
             max_model_len=self.max_model_len,
             vocab_size=self.model.spec.vocab_size,
             eos_token_ids=self.eos_token_ids,
+            device_type=self.device.type,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

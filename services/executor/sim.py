@@ -53,6 +53,7 @@ class SimExecutor:
             max_model_len=self.max_model_len,
             vocab_size=self.model.vocab_size,
             eos_token_ids=(self.model.eos_token_id,),
+            device_type="sim",
         )
 
     def ranks_alive(self) -> bool:

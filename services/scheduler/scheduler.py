@@ -56,7 +56,11 @@ class Scheduler:
         self.eos_token_ids = frozenset(ready.eos_token_ids)
         # Without chunked prefill a whole prompt must fit in one step, so the budget grows to the
         # longest prompt we accept.
-        self.token_budget = config.max_num_batched_tokens
+        self.max_num_batched_tokens = config.token_budget(ready.device_type)
+        self.token_budget = self.max_num_batched_tokens
+        # Prompt tokens per request and step while others decode (chunks only split when chunked).
+        cap = config.prefill_cap(ready.device_type) if config.enable_chunked_prefill else None
+        self.prefill_cap = cap if cap is not None and cap < self.token_budget else None
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
@@ -209,6 +213,7 @@ class Scheduler:
             # Its counters would count the step in flight as not computed and plan it again.
             raise RuntimeError("schedule() while a step is in flight: await its result first")
         budget = self.token_budget
+        cap = self._prefill_cap()
         entries: list[_Entry] = []
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
@@ -220,7 +225,7 @@ class Scheduler:
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
                 continue  # preempted (or ended) earlier in this step
-            writes = self._plan_writes(group, budget)
+            writes = self._plan_writes(group, self._share(group, budget, cap))
             if writes is None:
                 continue
             while not self._can_write(writes):
@@ -252,7 +257,8 @@ class Scheduler:
                 not self.waiting or self.swapped[0].arrival < self.waiting[0].arrival
             )
             resume = self._swap_in if swapped_first else self._admit
-            used = resume(budget, entries, swap_in)
+            head = self.swapped[0] if swapped_first else self.waiting[0]
+            used = resume(self._share(head, budget, cap), entries, swap_in)
             if used is None:
                 break
             budget -= used
@@ -319,6 +325,17 @@ class Scheduler:
         for group in self.running:  # one pass: this runs every step
             (decoding if _is_decoding(group) else computing).append(group)
         return decoding + computing
+
+    def _prefill_cap(self) -> int | None:
+        """This step's cap on one request's prompt tokens: only while some running group
+        decodes, so that a long prompt does not stretch the step its streams wait on."""
+        if self.prefill_cap is None or not any(_is_decoding(g) for g in self.running):
+            return None
+        return self.prefill_cap
+
+    def _share(self, group: SequenceGroup, budget: int, cap: int | None) -> int:
+        """The part of the step's budget one group may take."""
+        return budget if cap is None or _is_decoding(group) else min(budget, cap)
 
     def _swap_in(
         self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]

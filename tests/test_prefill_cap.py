@@ -1,0 +1,91 @@
+"""A long prompt's share of each step while other streams decode, and the per-device defaults."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from services.engine.args import engine_argv, engine_config_from_args
+from services.scheduler.scheduler import Scheduler
+from shared.config import SchedulerConfig
+from shared.protocol import ExecutorReady
+from tests.test_scheduler import add, make_scheduler, step
+
+
+def capped(cap: int | None, budget: int = 32) -> Scheduler:
+    scheduler = make_scheduler(
+        num_device_blocks=64, max_num_batched_tokens=budget, max_model_len=128
+    )
+    config = replace(scheduler.config, max_prefill_tokens_per_request=cap)
+    return Scheduler(config, ExecutorReady(64, 16, 4, 128, 100, (2,), device_type="cuda"))
+
+
+def shares(plan) -> dict[int, int]:
+    return {s.seq_id: len(s.token_ids) for s in plan.seqs}
+
+
+def test_a_long_prompt_beside_decoding_streams_takes_at_most_the_cap_per_step():
+    scheduler = capped(cap=8)
+    for name in ("s1", "s2"):
+        add(scheduler, name, 3, max_tokens=40)
+    step(scheduler)  # both prompts in one step: nobody decodes yet, so no cap
+    long = add(scheduler, "long", 70, first=20, max_tokens=2)
+    seq = long.seqs[0]
+    chunks = []
+    while seq.num_computed_tokens < seq.prompt_len:
+        plan, _ = step(scheduler)
+        share = shares(plan)
+        assert share[0] == share[1] == 1  # each stream gets its token every step
+        chunks.append(share[seq.seq_id])
+    # Capped at 8 of the budget's 32 while the streams decode (the budget has room for more).
+    assert chunks == [8] * 8 + [6]
+
+
+def test_a_lone_long_prompt_still_takes_the_whole_budget():
+    scheduler = capped(cap=8)
+    long = add(scheduler, "long", 70, first=20, max_tokens=2)
+    add(scheduler, "other", 50, first=20, max_tokens=2)  # prompts only: nobody decodes
+    plan, _ = step(scheduler)
+    assert shares(plan) == {long.seqs[0].seq_id: 32}
+
+
+def test_no_cap_and_a_cap_at_the_budget_leave_chunks_as_they_were():
+    for cap in (None, 32, 1000):
+        scheduler = capped(cap)
+        add(scheduler, "s", 3, max_tokens=40)
+        step(scheduler)
+        long = add(scheduler, "long", 70, first=20, max_tokens=2)
+        plan, _ = step(scheduler)
+        assert shares(plan)[long.seqs[0].seq_id] == 31, cap
+
+
+def test_defaults_depend_on_the_executors_device():
+    config = SchedulerConfig()
+    assert (config.token_budget("cpu"), config.prefill_cap("cpu")) == (512, 256)
+    for device in ("cuda", "sim"):
+        assert (config.token_budget(device), config.prefill_cap(device)) == (2048, None)
+    explicit = SchedulerConfig(max_num_batched_tokens=2048, max_prefill_tokens_per_request=64)
+    assert (explicit.token_budget("cpu"), explicit.prefill_cap("cuda")) == (2048, 64)
+    ready = ExecutorReady(64, 16, 4, 128, 100, (2,), device_type="cpu")
+    scheduler = Scheduler(config, ready)
+    assert (scheduler.token_budget, scheduler.prefill_cap) == (512, 256)
+    # Without chunked prefill no prompt is split, so there is nothing to cap.
+    whole = Scheduler(replace(config, enable_chunked_prefill=False), ready)
+    assert whole.prefill_cap is None
+
+
+def test_the_flags_default_to_the_device_and_pass_on_to_child_processes():
+    import argparse
+
+    from services.engine.args import add_engine_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args([])
+    scheduler = engine_config_from_args(args).scheduler
+    assert scheduler.max_num_batched_tokens is None
+    assert scheduler.max_prefill_tokens_per_request is None
+    assert "--max-num-batched-tokens" not in engine_argv(args, None)
+    args = parser.parse_args(["--max-num-batched-tokens", "64"])
+    args = parser.parse_args(engine_argv(args, None) + ["--max-prefill-tokens-per-request", "16"])
+    scheduler = engine_config_from_args(parser.parse_args(engine_argv(args, None))).scheduler
+    assert (scheduler.max_num_batched_tokens, scheduler.max_prefill_tokens_per_request) == (64, 16)
