@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.structured import GrammarLimits
+
 PreemptionMode = Literal["swap", "recompute"]
 BudgetOrder = Literal["decode-first", "arrival"]
 DTypeName = Literal["float32", "float16", "bfloat16", "float64"]
@@ -142,6 +144,30 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class GrammarConfig:
+    """Structured output: the time a grammar may take to compile (its request then ends with an
+    error; the compile worker is killed), the compiled grammars the executor keeps, and the size
+    of specs the gateway and the scheduler accept."""
+
+    compile_timeout_s: float = 10.0
+    cache_bytes: int = 256 << 20  # compiled grammars kept for reuse (xgrammar's own accounting)
+    limits: GrammarLimits = field(default_factory=GrammarLimits)
+
+    def __post_init__(self) -> None:
+        _positive("compile_timeout_s", self.compile_timeout_s)
+        if isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int):
+            raise ValueError(f"cache_bytes must be an integer, got {self.cache_bytes!r}")
+        if self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> GrammarConfig:
+        values = dict(values)
+        values["limits"] = GrammarLimits(**values.get("limits", {}))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """The simulated executor: no model runs; a cost model of this GPU and model times each step."""
 
@@ -180,6 +206,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     executor: Literal["model", "sim"] = "model"  # sim: services/executor/sim.py
     sim: SimConfig = field(default_factory=SimConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -193,4 +220,5 @@ class EngineConfig:
             parallel=ParallelConfig(**values["parallel"]),
             executor=values.get("executor", "model"),
             sim=SimConfig(**values.get("sim", {})),
+            grammar=GrammarConfig.from_dict(values.get("grammar", {})),
         )

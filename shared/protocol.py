@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.sampling import SamplingParams
+from shared.structured import GrammarLimits
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class SchedulerReady:
     executor: ExecutorReady
     max_num_seqs: int
     model_name: str  # what /v1/models reports and requests must name
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)  # checked at the gateway
 
 
 @dataclass
@@ -171,6 +173,27 @@ class TokenDeltas:
 
     deltas: list[RequestDelta]
     stats: SchedulerStats
+
+
+@dataclass
+class CompileGrammar:
+    """Scheduler -> executor, beside the plans: compile this request's grammar off the step loop
+    and keep it for these sequences, whose first plan entries will need it. Answered by
+    GrammarCompiled; the request is not scheduled before."""
+
+    key: int  # the scheduler's id of this compile request, echoed in the answer
+    kind: str  # one of shared.sampling's guided kinds
+    spec: str
+    seq_ids: list[int]  # the sequences whose matchers the grammar makes (their first appearance)
+
+
+@dataclass
+class GrammarCompiled:
+    """Executor -> scheduler: CompileGrammar `key` is done; error is None when the grammar is
+    ready, else why it is not (an invalid spec, or a compile past the time limit)."""
+
+    key: int
+    error: str | None = None
 
 
 @dataclass

@@ -3,9 +3,85 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """How big a structured-output spec may be: compile time and memory grow with these, and a
+    compile runs beside every other stream (on the executor's compile worker)."""
+
+    max_spec_bytes: int = 64 * 1024  # --max-grammar-spec-bytes
+    max_choices: int = 1000  # --max-grammar-choices: guided_choice items, schema enum values
+    max_regex_bytes: int = 4096  # --max-grammar-regex-bytes: a regex, or a schema's pattern
+    max_depth: int = 32  # --max-grammar-depth: nesting of a JSON schema
+
+    def __post_init__(self) -> None:
+        for name in ("max_spec_bytes", "max_choices", "max_regex_bytes", "max_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_limits(kind: str, spec: str, limits: GrammarLimits, param: str = "guided") -> None:
+    """Raise InvalidRequestError naming the field and the limit a spec is over (cheap: no
+    grammar is built, so it may run before the spec is compiled anywhere)."""
+    size = len(spec.encode())
+    if size > limits.max_spec_bytes:
+        raise _over(param, f"is {size} bytes", f"{limits.max_spec_bytes} bytes", "spec-bytes")
+    if kind == "regex" and size > limits.max_regex_bytes:
+        raise _over(param, f"is {size} bytes", f"{limits.max_regex_bytes} bytes", "regex-bytes")
+    if kind == "choice":
+        try:
+            choices = json.loads(spec)
+        except ValueError:
+            return  # not a list: check_spec says so
+        if isinstance(choices, list) and len(choices) > limits.max_choices:
+            count = f"has {len(choices)} choices"
+            raise _over(param, count, f"{limits.max_choices} choices", "choices")
+    elif kind == "json_schema":
+        try:
+            schema = json.loads(spec)
+        except (ValueError, RecursionError):
+            depth = f"nests deeper than {limits.max_depth} levels"
+            raise _over(param, depth, f"{limits.max_depth} levels", "depth") from None
+        _check_schema(schema, limits, param)
+
+
+def _check_schema(schema: Any, limits: GrammarLimits, param: str) -> None:
+    """Depth, enum values (all enums together) and pattern lengths, walked without recursion."""
+    num_values = 0
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limits.max_depth:
+            nests = f"nests deeper than {limits.max_depth} levels"
+            raise _over(param, nests, f"{limits.max_depth} levels", "depth")
+        if isinstance(node, dict):
+            enum = node.get("enum")
+            if isinstance(enum, list):
+                num_values += len(enum)
+                if num_values > limits.max_choices:
+                    many = f"has more than {limits.max_choices} enum values"
+                    raise _over(param, many, f"{limits.max_choices} values", "choices")
+            pattern = node.get("pattern")
+            if isinstance(pattern, str) and len(pattern.encode()) > limits.max_regex_bytes:
+                long = f"has a {len(pattern.encode())}-byte pattern"
+                raise _over(param, long, f"{limits.max_regex_bytes} bytes", "regex-bytes")
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+
+
+def _over(param: str, what: str, limit: str, flag: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"the {param} structured-output constraint {what}; this server allows at most {limit} "
+        f"(--max-grammar-{flag})",
+        param=param,
+    )
 
 
 def check_spec(kind: str, spec: str) -> None:
@@ -53,8 +129,11 @@ GUIDED_FIELDS = (
 )
 
 
-def guided_from_body(body: dict[str, Any]) -> tuple[str, str] | None:
-    """The structured-output constraint of the body, as (kind, spec), checked for validity."""
+def guided_from_body(
+    body: dict[str, Any], limits: GrammarLimits | None = None
+) -> tuple[str, str] | None:
+    """The structured-output constraint of the body, as (kind, spec), checked against the limits
+    and for validity (blocking for a big spec: run it off the event loop)."""
     given = [name for name in GUIDED_FIELDS if body.get(name) is not None]
     if (
         given == ["response_format"]
@@ -70,11 +149,14 @@ def guided_from_body(body: dict[str, Any]) -> tuple[str, str] | None:
         return None
     name = given[0]
     value = body[name]
+    limits = limits or GrammarLimits()
     if name == "response_format":
-        guided = _response_format(value)
+        guided = _response_format(value, limits)
     elif name == "guided_json":
         if not isinstance(value, dict | str):
             raise InvalidRequestError("guided_json must be a JSON schema", param=name)
+        if isinstance(value, dict):
+            _check_schema(value, limits, name)  # before dumps: a deep schema would overflow it
         guided = ("json_schema", value if isinstance(value, str) else json.dumps(value))
     elif name == "guided_choice":
         if not isinstance(value, list):
@@ -84,6 +166,7 @@ def guided_from_body(body: dict[str, Any]) -> tuple[str, str] | None:
         if not isinstance(value, str):
             raise InvalidRequestError(f"{name} must be a string", param=name)
         guided = ("regex" if name == "guided_regex" else "grammar", value)
+    check_limits(*guided, limits, param=name)
     try:
         check_spec(*guided)
     except InvalidRequestError as exc:
@@ -91,7 +174,7 @@ def guided_from_body(body: dict[str, Any]) -> tuple[str, str] | None:
     return guided
 
 
-def _response_format(value: Any) -> tuple[str, str]:
+def _response_format(value: Any, limits: GrammarLimits) -> tuple[str, str]:
     param = "response_format"
     if not isinstance(value, dict) or value.get("type") not in ("json_object", "json_schema"):
         raise InvalidRequestError(
@@ -106,4 +189,6 @@ def _response_format(value: Any) -> tuple[str, str]:
         )
     # OpenAI allows a json_schema without `schema`: then any JSON object is valid.
     schema = spec.get("schema")
+    if schema is not None:
+        _check_schema(schema, limits, param)
     return ("json_schema", json.dumps(schema)) if schema is not None else ("json_object", "")

@@ -34,6 +34,8 @@ MESSAGE_TYPES: dict[str, type] = {
         protocol.GatewayHello,
         protocol.TokenDeltas,
         protocol.ExecutorHeartbeat,
+        protocol.CompileGrammar,
+        protocol.GrammarCompiled,
         protocol.Shutdown,
         protocol.KvStateRequest,
         protocol.KvState,

@@ -8,11 +8,13 @@ from shared.config import (
     CacheConfig,
     EngineConfig,
     GiB,
+    GrammarConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
     SimConfig,
 )
+from shared.structured import GrammarLimits
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +109,35 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "next decode step while the executor runs this one)",
     )
 
+    grammar = parser.add_argument_group("structured output")
+    grammar.add_argument(
+        "--grammar-compile-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a grammar may take to compile; past it the request ends with a 400 and "
+        "the compile worker is killed (compiles run beside the running streams, never in a step)",
+    )
+    grammar.add_argument(
+        "--grammar-cache-mb", type=float, default=256.0, help="compiled grammars kept for reuse"
+    )
+    limits = GrammarLimits()
+    grammar.add_argument(
+        "--max-grammar-spec-bytes", type=int, default=limits.max_spec_bytes,
+        help="largest structured-output spec (schema, regex, grammar, choice list) accepted",
+    )  # fmt: skip
+    grammar.add_argument(
+        "--max-grammar-choices", type=int, default=limits.max_choices,
+        help="most guided_choice items, or enum values in a JSON schema (all enums together)",
+    )  # fmt: skip
+    grammar.add_argument(
+        "--max-grammar-regex-bytes", type=int, default=limits.max_regex_bytes,
+        help="longest guided_regex, or pattern in a JSON schema",
+    )  # fmt: skip
+    grammar.add_argument(
+        "--max-grammar-depth", type=int, default=limits.max_depth,
+        help="deepest nesting of a JSON schema",
+    )  # fmt: skip
+
     sim = parser.add_argument_group("simulated executor")
     sim.add_argument(
         "--executor",
@@ -177,6 +208,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             kv_cache_bytes=int(args.sim_kv_gb * GiB) if args.sim_kv_gb else None,
             step_overhead_s=None if args.sim_overhead_ms is None else args.sim_overhead_ms / 1e3,
         ),
+        grammar=GrammarConfig(
+            compile_timeout_s=args.grammar_compile_timeout,
+            cache_bytes=int(args.grammar_cache_mb * (1 << 20)),
+            limits=GrammarLimits(
+                max_spec_bytes=args.max_grammar_spec_bytes,
+                max_choices=args.max_grammar_choices,
+                max_regex_bytes=args.max_grammar_regex_bytes,
+                max_depth=args.max_grammar_depth,
+            ),
+        ),
         parallel=ParallelConfig(
             tensor_parallel_size=args.tensor_parallel_size,
             master_addr=args.tp_master_addr,
@@ -206,6 +247,12 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--executor", args.executor,
         "--sim-gpu", args.sim_gpu,
         "--sim-model", args.sim_model,
+        "--grammar-compile-timeout", str(args.grammar_compile_timeout),
+        "--grammar-cache-mb", str(args.grammar_cache_mb),
+        "--max-grammar-spec-bytes", str(args.max_grammar_spec_bytes),
+        "--max-grammar-choices", str(args.max_grammar_choices),
+        "--max-grammar-regex-bytes", str(args.max_grammar_regex_bytes),
+        "--max-grammar-depth", str(args.max_grammar_depth),
     ]  # fmt: skip
     optional = {
         "--model": model,

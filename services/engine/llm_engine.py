@@ -18,8 +18,9 @@ from services.scheduler.scheduler import GroupUpdate, Scheduler
 from services.scheduler.sequence import SequenceGroup
 from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
+from shared.errors import InvalidRequestError
 from shared.model_source import resolve_model
-from shared.protocol import SampledToken, StepPlan
+from shared.protocol import CompileGrammar, GrammarCompiled, SampledToken, StepPlan
 from shared.sampling import SamplingParams
 
 
@@ -87,7 +88,7 @@ class LLMEngine:
             device = getattr(self.executor, "device", None)  # the simulator has none
             overlap_steps = device is not None and device.type == "cuda"
         self.overlap_steps = overlap_steps and config.scheduler.async_scheduling
-        self.scheduler = Scheduler(config.scheduler, self.executor.ready())
+        self.scheduler = Scheduler(config.scheduler, self.executor.ready(), config.grammar)
         self.loop = StepLoop(self.scheduler)
         self.stats = StepStats()
         self.last_step_num_seqs = 0
@@ -119,7 +120,20 @@ class LLMEngine:
         """Queue a request; raises InvalidRequestError (and changes nothing) when it is bad."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         self.scheduler.add_request(request_id, prompt_token_ids, sampling)
+        # In one process nobody else waits: compile now, before the request can be scheduled,
+        # through the executor's grammar store (the served stack compiles off its step loop).
+        for request in self.scheduler.take_compile_requests():
+            answer = self._compile_grammar(request)
+            update = self.scheduler.grammar_compiled(answer.key, answer.error)
+            if update is not None:
+                raise InvalidRequestError(update.error["message"], param="guided")
         return request_id
+
+    def _compile_grammar(self, request: CompileGrammar) -> GrammarCompiled:
+        compile_now = getattr(self.executor, "compile_grammar_now", None)
+        if compile_now is None:  # the simulator samples no grammar
+            return GrammarCompiled(request.key)
+        return compile_now(request)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         update = self.scheduler.abort(request_id)

@@ -108,7 +108,8 @@ def run_generate(args: argparse.Namespace, engine: LLMEngine) -> int:
             overrides = {k: line[k] for k in SAMPLING_FIELDS if k in line}
             if line.get("use_beam_search") is False and "n" not in line:
                 overrides["n"] = args.n  # --beam-width's n is for beam-search lines only
-            guided = guided_from_body(line)  # response_format or guided_json/regex/choice/grammar
+            # response_format or guided_json/regex/choice/grammar
+            guided = guided_from_body(line, engine.config.grammar.limits)
             if guided is not None:
                 overrides["guided"] = guided
             sampling = SamplingParams.from_dict(overrides, base=defaults)

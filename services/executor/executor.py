@@ -24,7 +24,7 @@ from kernels.metadata import host_to_device
 from kernels.ops import select_ops
 from services.executor.block_tables import DeviceBlockTables
 from services.executor.cuda_graphs import DecodeGraphs
-from services.executor.grammar import GrammarCompiler
+from services.executor.grammar import GrammarStore
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
 from services.executor.llama import LlamaSpec
@@ -36,8 +36,16 @@ from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divi
 from services.executor.weights import load_hf_config, load_model
 from shared import wire
 from shared.config import EngineConfig
+from shared.errors import InvalidRequestError
 from shared.model_source import source_gguf
-from shared.protocol import PENDING_TOKEN, ExecutorReady, StepPlan, StepResult
+from shared.protocol import (
+    PENDING_TOKEN,
+    CompileGrammar,
+    ExecutorReady,
+    GrammarCompiled,
+    StepPlan,
+    StepResult,
+)
 from shared.sampling import SamplingParams
 
 log = logging.getLogger("pagedserve.executor")
@@ -128,7 +136,10 @@ class Executor:
             config.model.seed,
             self._grammar_matcher,
         )
-        self._grammars: GrammarCompiler | None = None
+        # Rank 0 only makes matchers; grammars reach it compiled (grammar_compiles.py).
+        self.grammars = GrammarStore(
+            model_dir, self.model.spec.vocab_size, self.eos_token_ids, config.grammar.cache_bytes
+        )
         self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
         self._latest: StepInFlight | None = None  # the last launched step, until collected
         self.graphs = self._capture_graphs(config)
@@ -211,12 +222,19 @@ class Executor:
                 worker.kill()
         torch.distributed.destroy_process_group()
 
-    def _grammar_matcher(self, guided: tuple[str, str]):
-        if self._grammars is None:  # loads the tokenizer: only once a request needs it
-            self._grammars = GrammarCompiler(
-                self.model_dir, self.model.spec.vocab_size, self.eos_token_ids
-            )
-        return self._grammars.matcher(guided)
+    def _grammar_matcher(self, seq_id: int, guided: tuple[str, str]):
+        return self.grammars.matcher(seq_id, guided)
+
+    def compile_grammar_now(self, request: CompileGrammar) -> GrammarCompiled:
+        """The in-process engine's compile: in this thread, before the request is scheduled
+        (no other client waits on it), through the same store as served compiles."""
+        try:
+            compiled = self.grammars.compile_now((request.kind, request.spec))
+        except InvalidRequestError as exc:
+            return GrammarCompiled(request.key, exc.message)
+        self.grammars.expect(request.key, request.seq_ids)
+        self.grammars.hold(request.key, request.seq_ids, compiled)
+        return GrammarCompiled(request.key)
 
     def ready(self) -> ExecutorReady:
         return ExecutorReady(
@@ -294,6 +312,7 @@ class Executor:
             self.block_tables.forget(seq_id)
             if self.shard.is_driver:
                 self.sampling.forget(seq_id)
+                self.grammars.forget(seq_id)
                 self._last_sampled.pop(seq_id, None)
 
     def _resolve_pending(

@@ -121,7 +121,7 @@ class SamplingStates:
         eos_token_ids: tuple[int, ...],
         device: torch.device,
         seed: int,
-        make_matcher: Callable[[tuple[str, str]], Any],
+        make_matcher: Callable[[int, tuple[str, str]], Any],  # (seq_id, guided) -> matcher
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
@@ -151,7 +151,7 @@ class SamplingStates:
         if params.logit_bias:
             state.bias = self._logit_bias(params.logit_bias)
         if params.guided is not None:
-            state.matcher = self._make_matcher(params.guided)
+            state.matcher = self._make_matcher(seq_id, params.guided)
         self.seqs[seq_id] = state
 
     def forget(self, seq_id: int) -> None:

@@ -18,7 +18,13 @@ from services.executor.executor import Executor
 from services.executor.quantize_model import weight_bytes
 from shared.ipc import add_address_args, addresses_from_args, make_socket, recv_sync, send_sync
 from shared.model_source import resolve_model
-from shared.protocol import ExecutorHeartbeat, Shutdown, StepPlan
+from shared.protocol import (
+    CompileGrammar,
+    ExecutorHeartbeat,
+    GrammarCompiled,
+    Shutdown,
+    StepPlan,
+)
 
 log = logging.getLogger("pagedserve.executor")
 HEARTBEAT_S = 1.0
@@ -45,6 +51,7 @@ def serve(args: argparse.Namespace) -> int:
         target=_heartbeat, args=(ctx, addresses.results, stop), name="heartbeat", daemon=True
     )
     beat.start()
+    grammars = _GrammarAnswers(ctx, addresses.results, executor, config)
     send_sync(results, executor.ready())
     log.info("executor ready: %s", executor.ready())
     if config.executor != "sim":
@@ -84,6 +91,10 @@ def serve(args: argparse.Namespace) -> int:
             if isinstance(message, Shutdown):
                 executor.close()
                 return 0
+            if isinstance(message, CompileGrammar):
+                # Never here, in the step loop: the compile thread answers when it is done.
+                grammars.submit(message, results)
+                continue
             if isinstance(message, StepPlan):
                 launched = executor.launch(message)
                 if flight is not None:
@@ -96,6 +107,7 @@ def serve(args: argparse.Namespace) -> int:
                     return 1
     finally:
         stop.set()
+        grammars.close()
         executor.close()
         ctx.destroy(linger=0)
 
@@ -111,6 +123,37 @@ def _plan_or_landed(plans: zmq.Socket, flight) -> object | None:
         if plans.poll(0, zmq.POLLIN):
             return recv_sync(plans)
         time.sleep(LANDED_POLL_S)
+
+
+class _GrammarAnswers:
+    """CompileGrammar requests: compiled on their own thread, answered on its own socket
+    (zmq sockets are not thread-safe); the simulator has no grammars and says ready at once."""
+
+    def __init__(self, ctx: zmq.Context, address: str, executor, config) -> None:
+        self._ctx, self._address = ctx, address
+        self._compiles = None
+        self._socket = None
+        if config.executor != "sim":
+            from services.executor.grammar_compiles import GrammarCompiles
+
+            timeout = config.grammar.compile_timeout_s
+            self._compiles = GrammarCompiles(executor.grammars, timeout, self._answer)
+
+    def submit(self, request: CompileGrammar, results: zmq.Socket) -> None:
+        """From the step loop, whose socket `results` is."""
+        if self._compiles is None:
+            send_sync(results, GrammarCompiled(request.key))
+        else:
+            self._compiles.submit(request)
+
+    def _answer(self, message: GrammarCompiled) -> None:
+        if self._socket is None:  # made on the compile thread, the only one sending on it
+            self._socket = make_socket(self._ctx, zmq.PUSH, self._address, bind=False)
+        send_sync(self._socket, message)
+
+    def close(self) -> None:
+        if self._compiles is not None:
+            self._compiles.close()
 
 
 def _heartbeat(ctx: zmq.Context, address: str, stop: threading.Event) -> None:

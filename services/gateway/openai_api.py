@@ -236,7 +236,7 @@ def _sampling(
         "frequency_penalty": body.get("frequency_penalty"),
         "repetition_penalty": body.get("repetition_penalty"),
         "logit_bias": bias,
-        "guided": guided_from_body(body),
+        "guided": guided_from_body(body, info.grammar_limits),
         "use_beam_search": beam,
         "length_penalty": body.get("length_penalty"),
         "early_stopping": body.get("early_stopping"),

@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 
 from services.scheduler.beam_search import BeamSearch, Candidate
 from services.scheduler.block_manager import BlockManager
+from services.scheduler.grammar_wait import GrammarWaits
 from services.scheduler.kv_policy import make_block_manager
 from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
-from shared.config import SchedulerConfig
+from shared.config import GrammarConfig, SchedulerConfig
 from shared.errors import InvalidRequestError
 from shared.protocol import (
     PENDING_TOKEN,
+    CompileGrammar,
     ExecutorReady,
     SampledToken,
     ScheduledSeq,
@@ -28,7 +30,7 @@ from shared.protocol import (
     StepResult,
 )
 from shared.sampling import SamplingParams
-from shared.structured import check_spec
+from shared.structured import check_limits, check_spec
 
 
 @dataclass
@@ -38,6 +40,7 @@ class GroupUpdate:
     group: SequenceGroup
     new_tokens: list[tuple[Sequence, SampledToken]] = field(default_factory=list)
     finished: bool = False
+    error: dict | None = None  # the OpenAI error object of a request ended by an error
 
 
 @dataclass
@@ -49,8 +52,14 @@ class _Entry:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, ready: ExecutorReady) -> None:
+    def __init__(
+        self, config: SchedulerConfig, ready: ExecutorReady, grammar: GrammarConfig | None = None
+    ) -> None:
         self.config = config
+        self.grammar = grammar or GrammarConfig()
+        # Structured-output requests wait here, outside every queue, until their grammar is
+        # compiled (off the executor's step loop), so no step ever waits for a compile.
+        self.grammar_waits = GrammarWaits(self.grammar.compile_timeout_s)
         self.block_size = ready.block_size
         self.vocab_size = ready.vocab_size
         self.eos_token_ids = frozenset(ready.eos_token_ids)
@@ -100,6 +109,7 @@ class Scheduler:
                 param=param,
             )
         if sampling.guided is not None:
+            check_limits(*sampling.guided, self.grammar.limits)
             check_spec(*sampling.guided)
         fields = [("logit_bias", [t for t, _ in sampling.logit_bias])]
         fields.append(("stop_token_ids", list(sampling.stop_token_ids)))
@@ -121,8 +131,53 @@ class Scheduler:
             )
         self._next_arrival += 1
         self.groups[request_id] = group
-        self.waiting.append(group)
+        if sampling.guided is not None:
+            self.grammar_waits.hold(group)
+        else:
+            self.waiting.append(group)
         return group
+
+    # ---- grammars -----------------------------------------------------------------------------
+    def take_compile_requests(self) -> list[CompileGrammar]:
+        """CompileGrammar messages for the executor, each sent once."""
+        return self.grammar_waits.take_requests()
+
+    def grammar_compiled(self, key: int, error: str | None) -> GroupUpdate | None:
+        """The executor's answer: the request joins the waiting queue in arrival order, or ends
+        alone with an invalid_request_error. None for an answer nobody waits for any more."""
+        group = self.grammar_waits.answered(key)
+        if group is None:
+            return None
+        if error is not None:
+            return self._end_with_error(group, InvalidRequestError(error, param="guided"))
+        position = bisect.bisect(list(self.waiting), group.arrival, key=lambda g: g.arrival)
+        self.waiting.insert(position, group)
+        return None
+
+    def expire_grammar_waits(self) -> list[GroupUpdate]:
+        """End the requests whose grammar is still not compiled past the time limit (the
+        executor kills a compile that overruns; this also covers one that never answers)."""
+        limit = self.grammar_waits.timeout_s
+        return [
+            self._end_with_error(
+                group,
+                InvalidRequestError(
+                    f"the {group.sampling.guided[0]} constraint was not compiled within this "
+                    f"server's limit of {limit:g} s (--grammar-compile-timeout)",
+                    param="guided",
+                ),
+            )
+            for group in self.grammar_waits.expired()
+        ]
+
+    def _end_with_error(self, group: SequenceGroup, error: InvalidRequestError) -> GroupUpdate:
+        for seq in group.live_seqs():
+            self._finish(group, seq, "error")
+        return GroupUpdate(group, finished=True, error=error.to_dict()["error"])
+
+    def has_schedulable(self) -> bool:
+        """Something a step could work on: requests waiting only for their grammar are not."""
+        return bool(self.running or self.waiting or self.swapped or self._pending_updates)
 
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
@@ -156,6 +211,7 @@ class Scheduler:
                 queue.remove(group)
         if group in self.waiting:
             self.waiting.remove(group)
+        self.grammar_waits.drop(request_id)
         for seq in group.live_seqs():
             self._finish(group, seq, "abort")
         return GroupUpdate(group, finished=True)
@@ -169,6 +225,7 @@ class Scheduler:
         repeat the old one's.
         """
         groups = sorted([*self.running, *self.swapped, *self.waiting], key=lambda g: g.arrival)
+        compiling = self.grammar_waits.clear()
         self.block_manager = self._make_block_manager(ready)
         for group in groups:
             for seq in group.live_seqs():
@@ -177,6 +234,12 @@ class Scheduler:
             if group.forked and len(group.seqs) < group.sampling.num_samples:
                 group.forked = False  # the fork step was lost with the executor: fork again
             group.set_status(SeqStatus.WAITING)
+        # The new executor has no grammars: every structured-output request waits for its
+        # compile again (all its live sequences will need a matcher there).
+        for group in sorted(compiling + groups, key=lambda g: g.arrival):
+            if group.sampling.guided is not None:
+                self.grammar_waits.hold(group)
+        groups = [g for g in groups if g.sampling.guided is None]
         self.running, self.swapped, self.waiting = [], [], deque(groups)
         self._inflight.clear()
         self._inflight_victims.clear()

@@ -35,6 +35,7 @@ from shared.protocol import (
     ExecutorReady,
     GatewayHello,
     GenerateRequest,
+    GrammarCompiled,
     KvStateRequest,
     RequestDelta,
     SchedulerReady,
@@ -86,6 +87,7 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
         group.request_id,
         [by_index[i] for i in sorted(by_index)],
         update.finished,
+        update.error,
         num_prompt_tokens=len(group.prompt_token_ids),
     )
 
@@ -139,9 +141,12 @@ class SchedulerService:
         )
         try:
             ready = await self._wait_for_executor()
-            self.scheduler = Scheduler(self.config.scheduler, ready)
+            self.scheduler = Scheduler(self.config.scheduler, ready, self.config.grammar)
             self._announcement = SchedulerReady(
-                ready, self.config.scheduler.max_num_seqs, self.model_name
+                ready,
+                self.config.scheduler.max_num_seqs,
+                self.model_name,
+                self.config.grammar.limits,
             )
             log.info(
                 "scheduler ready: %d device blocks, %d cpu blocks",
@@ -210,6 +215,7 @@ class SchedulerService:
                     )  # fmt: skip
                     self.gateways.own(peer, message.request_id)
                     await self.gateways.send_deltas([reply], self._stats())
+                    await self._send_compiles()
                     self._work.set()
                 except InvalidRequestError as exc:
                     reply = RequestDelta(message.request_id, [], True, exc.to_dict()["error"])
@@ -236,6 +242,11 @@ class SchedulerService:
                 log.info("a new executor announced itself: %s", message)
                 self._new_ready = message
                 self._executor_back.set()
+            elif isinstance(message, GrammarCompiled) and self.scheduler is not None:
+                update = self.scheduler.grammar_compiled(message.key, message.error)
+                if update is not None:
+                    await self.gateways.send_deltas([group_delta(update)], self._stats())
+                self._work.set()  # it joined the waiting queue
             elif isinstance(message, StepResult):
                 # A result that arrives after its step was given up on must not end another.
                 future, _ = self._in_flight.get(message.step_id, (None, 0.0))
@@ -243,7 +254,7 @@ class SchedulerService:
                     future.set_result(message)
                 elif future is None:
                     log.warning("dropped a late result for step %d", message.step_id)
-            elif not isinstance(message, ExecutorHeartbeat | ExecutorReady):
+            elif not isinstance(message, ExecutorHeartbeat | ExecutorReady | GrammarCompiled):
                 log.warning("unexpected message from the executor: %s", type(message).__name__)
 
     async def _steps(self) -> None:
@@ -255,7 +266,8 @@ class SchedulerService:
                 if not await self._replace_executor():
                     return
                 continue
-            if not scheduler.has_unfinished():
+            await self._send_compiles()  # after a restart: asked of the new executor
+            if not scheduler.has_schedulable():  # grammar waits alone: nothing to plan
                 self._work.clear()
                 await self._work.wait()
                 continue
@@ -388,9 +400,24 @@ class SchedulerService:
             if future.done() and not future.cancelled():
                 future.exception()  # retrieved (an ExecutorLost we raised ourselves)
 
+    async def _send_compiles(self) -> None:
+        """Ask the executor for the grammars new requests need, beside the plans."""
+        if not self._executor_up:
+            return  # requeue_all asks the next executor for all of them again
+        for request in self.scheduler.take_compile_requests():
+            try:
+                await asyncio.wait_for(send(self.plans, request), HEARTBEAT_S)
+            except TimeoutError:
+                # An executor that reads no plans is dying: its replacement is asked again,
+                # and the request's own timer ends it otherwise.
+                log.warning("could not ask the executor for grammar %d", request.key)
+
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
+            expired = self.scheduler.expire_grammar_waits() if self.scheduler is not None else []
+            if expired:
+                await self.gateways.send_deltas([group_delta(u) for u in expired], self._stats())
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 log.warning("parent process is gone; exiting")
                 self._stopping.set()
@@ -423,7 +450,7 @@ class SchedulerService:
         scheduler_s, executor_s, roundtrip_s = self._last_step
         return SchedulerStats(
             num_running=s.num_running_seqs,
-            num_waiting=len(s.waiting),
+            num_waiting=len(s.waiting) + len(s.grammar_waits),
             num_swapped=len(s.swapped),
             kv_blocks_used=s.block_manager.device.num_used,
             kv_blocks_total=s.block_manager.device.num_blocks,

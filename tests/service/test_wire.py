@@ -8,10 +8,12 @@ import pytest
 from shared.packed import pack_ints
 from shared.protocol import (
     AbortRequest,
+    CompileGrammar,
     ExecutorHeartbeat,
     ExecutorReady,
     GatewayHello,
     GenerateRequest,
+    GrammarCompiled,
     KvRequestState,
     KvState,
     KvStateRequest,
@@ -28,6 +30,7 @@ from shared.protocol import (
     TokenDeltas,
 )
 from shared.sampling import SamplingParams
+from shared.structured import GrammarLimits
 from shared.wire import MESSAGE_TYPES, PROTOCOL_VERSION, WireError, decode, encode
 
 READY = ExecutorReady(1456, 1456, 16, 8192, 49152, (2,))
@@ -51,6 +54,10 @@ EXAMPLES = [
     StepResult(12, [TOKEN, SampledToken(5, 1)], {"forward": 0.5}, None),
     StepResult(13, [], {}, "RuntimeError: boom"),
     SchedulerReady(READY, 256, "SmolLM2-135M-Instruct"),
+    SchedulerReady(READY, 8, "tiny", GrammarLimits(100, 5, 10, 3)),
+    CompileGrammar(7, "json_schema", '{"enum": ["a", "b"]}', [4, 9]),
+    GrammarCompiled(7),
+    GrammarCompiled(8, "compiling the regex constraint took longer than ..."),
     GenerateRequest("req-1", [1, 2, 3], SAMPLING, 1764420000.5),
     AbortRequest("req-1"),
     TokenDeltas(

@@ -1,0 +1,156 @@
+"""The grammar compile worker: a child process that compiles one grammar at a time, and the
+executor's handle on it, which kills it when a compile overruns its time.
+
+A process, not a thread: xgrammar cannot stop a compile midway, so only a kill gives back the
+core and the memory of a compile that runs too long; and the memory a compile leaves behind is
+given back by recycling the process. It runs at a lower priority than the executor's steps.
+Frames on its pipes: an 8-byte little-endian length, then msgpack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, BinaryIO
+
+import msgpack
+
+STARTUP_TIMEOUT_S = 300.0  # importing xgrammar (and torch) takes seconds on a loaded machine
+RECYCLE_RSS_BYTES = 1 << 30  # a worker that grew past this is replaced after its compile
+_HEADER = struct.Struct("<Q")
+
+
+class CompileFailed(Exception):
+    """The spec does not compile, or its compile ran out of time (the message says which)."""
+
+
+class CompileWorker:
+    """Started on the first compile; restarted after a kill, a crash or a recycle."""
+
+    def __init__(self, tokenizer_info_json: str) -> None:
+        self._info_json = tokenizer_info_json
+        self._proc: subprocess.Popen | None = None
+        self.num_started = 0
+        self.num_killed = 0  # for overrunning their time
+
+    def compile(self, kind: str, spec: str, timeout_s: float) -> str:
+        """The compiled grammar as xgrammar's JSON (CompiledGrammar.serialize_json)."""
+        proc = self._start()
+        try:
+            _write(proc.stdin, [kind, spec])
+            reply = _read(proc.stdout, time.monotonic() + timeout_s)
+        except TimeoutError:
+            self.num_killed += 1
+            self.close()
+            raise CompileFailed(
+                f"compiling the {kind} constraint took longer than this server's limit of "
+                f"{timeout_s:g} s (--grammar-compile-timeout)"
+            ) from None
+        except (OSError, EOFError, ValueError) as exc:
+            self.close()
+            raise CompileFailed(f"the grammar compiler failed: {exc}") from None
+        ok, payload, rss = reply
+        if rss > RECYCLE_RSS_BYTES:
+            self.close()
+        if not ok:
+            raise CompileFailed(f"invalid {kind} constraint: {payload}")
+        return payload
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                pipe.close()
+            self._proc = None
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        self.close()
+        # It exits when its stdin closes, so it never outlives the executor.
+        argv = [sys.executable, "-m", "services.executor.grammar_worker"]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._proc = proc
+        self.num_started += 1
+        try:
+            _write(proc.stdin, self._info_json)
+            _read(proc.stdout, time.monotonic() + STARTUP_TIMEOUT_S)  # "ready"
+        except (OSError, EOFError, ValueError, TimeoutError) as exc:
+            self.close()
+            raise CompileFailed(f"the grammar compiler did not start: {exc!r}") from None
+        return proc
+
+
+def _write(pipe: BinaryIO, value: Any) -> None:
+    data = msgpack.packb(value)
+    pipe.write(_HEADER.pack(len(data)) + data)
+    pipe.flush()
+
+
+def _read(pipe: BinaryIO, deadline: float | None = None) -> Any:
+    """One frame; TimeoutError when it is not all there by the deadline."""
+    fd = pipe.fileno()
+    header = _read_exactly(fd, _HEADER.size, deadline)
+    return msgpack.unpackb(_read_exactly(fd, _HEADER.unpack(header)[0], deadline))
+
+
+def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+    chunks, left = [], size
+    while left:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the grammar compiler exited")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# ---- the worker process -----------------------------------------------------------------------
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(prog="python -m services.executor.grammar_worker").parse_args(argv)
+    os.nice(10)  # the executor's steps go first on a shared core
+    # Frames go to the pipe stdout was; anything a library prints goes to stderr instead.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    source = sys.stdin.buffer
+    import xgrammar
+
+    from services.executor.grammar import compile_guided
+
+    info = xgrammar.TokenizerInfo.deserialize_json(_read(source))
+    # No cache here: the executor keeps what it deserialized (its LRU), this process only builds.
+    compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    _write(out, "ready")
+    while True:
+        try:
+            kind, spec = _read(source)
+        except EOFError:
+            return 0
+        try:
+            reply = [True, compile_guided(compiler, kind, spec).serialize_json()]
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises several types for bad specs
+            reply = [False, str(exc) or type(exc).__name__]
+        _write(out, [*reply, _rss_bytes()])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

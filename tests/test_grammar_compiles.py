@@ -1,0 +1,102 @@
+"""The executor's grammars: an LRU bounded in bytes, grammars held for the sequences they were
+compiled for, and compiles on a worker process that is killed when one overruns its time."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from services.executor.grammar import GrammarStore
+from services.executor.grammar_compiles import GrammarCompiles
+from shared.protocol import CompileGrammar, GrammarCompiled
+
+VOCAB = 384  # tests/factories.py's tiny model
+EOS = (2,)
+
+
+def enum_schema(tag: int, num_values: int = 100) -> tuple[str, str]:
+    values = [f"{tag}-value-{i}" for i in range(num_values)]
+    return ("json_schema", json.dumps({"enum": values}))
+
+
+@pytest.fixture(scope="module")
+def grammar_size(tiny_model_dir) -> int:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=1 << 30)
+    return store.compile_now(enum_schema(0)).memory_size_bytes
+
+
+def test_the_cache_stays_within_its_byte_limit_across_many_grammars(
+    tiny_model_dir, grammar_size
+) -> None:
+    limit = int(3.5 * grammar_size)  # room for three of them
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=limit)
+    for tag in range(20):
+        store.compile_now(enum_schema(tag))
+        assert store.cached_bytes <= limit
+    assert store.num_cached == 3
+    assert store.cached_bytes == sum(g.memory_size_bytes for g in store._lru.values())
+    # Least recently used first out: the last three are kept.
+    assert [store.lookup(enum_schema(t)) is not None for t in (16, 17, 18, 19)] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+
+
+def test_a_grammar_bigger_than_the_cache_is_used_but_not_kept(tiny_model_dir) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=1)
+    compiled = store.compile_now(enum_schema(1))
+    store.expect(5, [40])
+    store.hold(5, [40], compiled)
+    assert store.num_cached == 0 and store.cached_bytes == 0
+    assert store.matcher(40, enum_schema(1)) is not None  # held for its sequence
+    assert store.num_held == 0  # ... until its matcher is made
+
+
+def test_a_grammar_held_for_a_freed_sequence_is_dropped(tiny_model_dir) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=0)
+    compiled = store.compile_now(enum_schema(2))
+    store.expect(1, [7])
+    store.hold(1, [7], compiled)
+    store.forget(7)
+    assert store.num_held == 0
+    # Freed while its compile still ran: the compile is no longer wanted, nothing is held.
+    store.expect(2, [8])
+    store.forget(8)
+    assert not store.wanted(2, [8])
+    store.hold(2, [8], compiled)
+    assert store.num_held == 0
+    with pytest.raises(RuntimeError, match="never compiled"):
+        store.matcher(8, enum_schema(2))
+
+
+def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
+    tiny_model_dir,
+) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
+    answers: list[GrammarCompiled] = []
+    two = threading.Event()
+
+    def answer(message: GrammarCompiled) -> None:
+        answers.append(message)
+        if len(answers) == 2:
+            two.set()
+
+    compiles = GrammarCompiles(store, timeout_s=1.0, answer=answer)
+    try:
+        slow = enum_schema(3, num_values=20000)  # ~4 s on one core for the tiny vocabulary
+        small = ("regex", "[a-z]{1,5}")
+        compiles.submit(CompileGrammar(1, *slow, [10]))
+        compiles.submit(CompileGrammar(2, *small, [11]))
+        assert two.wait(300)
+        timed_out, ok = answers
+        assert timed_out.key == 1 and "--grammar-compile-timeout" in timed_out.error
+        assert ok == GrammarCompiled(2)
+        assert compiles.worker.num_killed == 1 and compiles.worker.num_started == 2
+        assert store.matcher(11, small) is not None
+        assert store.lookup(slow) is None and store.num_held == 0
+    finally:
+        compiles.close()
