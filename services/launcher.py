@@ -65,6 +65,12 @@ class Stack:
         gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
         if args.api_key:
             gateway += ["--api-key", args.api_key]
+        gateway += [
+            "--body-read-timeout", str(args.body_read_timeout),
+            "--header-read-timeout", str(args.header_read_timeout),
+            "--keepalive-timeout", str(args.keepalive_timeout),
+            "--max-connections", str(args.max_connections),
+        ]  # fmt: skip
         if args.max_queued_requests is not None:
             gateway += ["--max-queued-requests", str(args.max_queued_requests)]
         gateway += ["--max-chat-messages", str(args.max_chat_messages)]

@@ -16,6 +16,7 @@ from services.gateway.http_errors import AuthenticationError, ServiceUnavailable
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_spec
 from services.gateway.prompts import DEFAULT_MAX_CHAT_MESSAGES
+from services.gateway.request_body import BODY_READ_TIMEOUT, DEFAULT_BODY_READ_TIMEOUT_S
 from services.gateway.serving import INTERNAL_ERROR, handle_generate
 from services.gateway.state import GatewayState
 from services.gateway.tokenize import handle_detokenize, handle_tokenize
@@ -38,6 +39,7 @@ def create_app(
     max_queued_requests: int | None = None,
     max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES,
     request_timeout_s: float | None = None,
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S,
 ) -> web.Application:
     state = GatewayState(
         backend=backend,
@@ -53,6 +55,7 @@ def create_app(
         backend.on_route = lambda i: state.metrics.replica_requests.labels(str(i)).inc()
     app = web.Application(middlewares=[_errors, _auth], client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
+    app[BODY_READ_TIMEOUT] = body_read_timeout_s
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_get("/v1/models", _models)

@@ -182,6 +182,12 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.connections_refused = Counter(
+            "pagedserve_connections_refused",
+            "Connections answered 503 and closed at once: the gateway process had "
+            "--max-connections open",
+            registry=self.registry,
+        )
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type."""

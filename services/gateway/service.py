@@ -9,11 +9,12 @@ import logging
 import os
 import signal
 
-import uvloop
 from aiohttp import web
 
+from services.gateway.http_server import ConnectionLimits, run
 from services.gateway.prompts import DEFAULT_MAX_CHAT_MESSAGES
 from services.gateway.replicas import ReplicaRouter
+from services.gateway.request_body import DEFAULT_BODY_READ_TIMEOUT_S
 from services.gateway.zmq_backend import ZmqBackend
 from shared.ipc import add_address_args, addresses_from_args
 from shared.model_source import resolve_model
@@ -45,6 +46,47 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         help="seconds a request may take from arrival to its last token; then it ends with a "
         "timeout error (HTTP 408, or an error event on a stream) and its KV blocks are freed",
     )
+    limits = ConnectionLimits()
+    group.add_argument(
+        "--body-read-timeout",
+        type=_positive_float,
+        default=DEFAULT_BODY_READ_TIMEOUT_S,
+        help="seconds a request body may take to arrive in full; then HTTP 408",
+    )
+    group.add_argument(
+        "--header-read-timeout",
+        type=_positive_float,
+        default=limits.header_read_timeout_s,
+        help="seconds a request head may take, from the connection's start or the head's "
+        "first byte; then the connection is closed (a head sent a byte at a time)",
+    )
+    group.add_argument(
+        "--keepalive-timeout",
+        type=_positive_float,
+        default=limits.keepalive_timeout_s,
+        help="close a connection without a complete request head this many seconds after "
+        "its previous response (or its start)",
+    )
+    group.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=limits.max_connections,
+        help="open HTTP connections per gateway process; more are answered 503 and closed at once",
+    )
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from services.gateway.app import create_app
+    from services.gateway.app import STATE, create_app
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model), local_files_only=True)
     backend = _backend(args)
@@ -87,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_requests=args.max_queued_requests,
         max_chat_messages=args.max_chat_messages,
         request_timeout_s=args.request_timeout,
+        body_read_timeout_s=args.body_read_timeout,
     )
 
     async def start_backend(app: web.Application) -> None:
@@ -111,16 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     app.on_startup.append(start_backend)
     app.on_shutdown.append(end_streams)
     app.on_cleanup.append(stop_backend)
-    web.run_app(
+    limits = ConnectionLimits(
+        header_read_timeout_s=args.header_read_timeout,
+        keepalive_timeout_s=args.keepalive_timeout,
+        max_connections=args.max_connections,
+    )
+    run(
         app,
         host=args.host,
         port=args.port,
-        loop=uvloop.new_event_loop(),
-        print=None,
-        access_log=None,
-        shutdown_timeout=5.0,  # open streams get their terminal event first (end_streams)
-        handler_cancellation=True,  # a client that leaves cancels its handler, which aborts
-        reuse_port=args.reuse_port or None,
+        reuse_port=args.reuse_port,
+        limits=limits,
+        on_refused=app[STATE].metrics.connections_refused.inc,
     )
     return 0
 

@@ -13,6 +13,7 @@ from services.gateway import openai_responses as fmt
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.input_work import InputWork, JsonBody
 from services.gateway.openai_api import Kind, parse_chat_request, parse_completion_request
+from services.gateway.request_body import read_body
 from services.gateway.request_run import GenerationFailed, RequestRun, SampleUpdate
 from services.gateway.state import GatewayState
 from shared.errors import PagedServeError
@@ -52,7 +53,7 @@ async def handle_generate(
 
 
 async def read_json(request: web.Request, inputs: InputWork) -> JsonBody:
-    raw = await request.read()
+    raw = await read_body(request)  # bounded: a body that stops coming is a 408
     return await inputs.parse(raw)
 
 
