@@ -100,3 +100,26 @@ def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
         assert store.lookup(slow) is None and store.num_held == 0
     finally:
         compiles.close()
+
+
+def test_a_compile_nobody_waits_for_any_more_is_stopped(tiny_model_dir) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
+    answers: list[GrammarCompiled] = []
+    one = threading.Event()
+
+    def answer(message: GrammarCompiled) -> None:
+        answers.append(message)
+        one.set()
+
+    compiles = GrammarCompiles(store, timeout_s=300.0, answer=answer)
+    try:
+        compiles.submit(CompileGrammar(1, *enum_schema(4, num_values=20000), [20]))
+        store.forget(20)  # its request was aborted (the sequence freed by the next plan)
+        small = ("regex", "[0-9]{1,3}")
+        compiles.submit(CompileGrammar(2, *small, [21]))
+        assert one.wait(300)
+        compiles.close()  # the queue drained: nothing more will be answered
+        assert answers == [GrammarCompiled(2)]  # the slow one was neither finished nor answered
+        assert store.lookup(enum_schema(4, num_values=20000)) is None
+    finally:
+        compiles.close()

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from services.executor.grammar import GrammarStore
-from services.executor.grammar_worker import CompileFailed, CompileWorker
+from services.executor.grammar_worker import CompileCancelled, CompileFailed, CompileWorker
 from shared.protocol import CompileGrammar, GrammarCompiled
 
 log = logging.getLogger("pagedserve.executor")
@@ -69,7 +69,16 @@ class GrammarCompiles:
             if self.worker is None:
                 self.worker = CompileWorker(info.serialize_json())
             try:
-                payload = self.worker.compile(request.kind, request.spec, self.timeout_s)
+                payload = self.worker.compile(
+                    request.kind,
+                    request.spec,
+                    self.timeout_s,
+                    # Every request for it aborted: stop it, its core is the steps' again.
+                    cancelled=lambda: not self.store.wanted(key, seq_ids),
+                )
+            except CompileCancelled:
+                self.store.hold(key, seq_ids, None)
+                return
             except CompileFailed as exc:
                 self.store.hold(key, seq_ids, None)
                 self._answer(GrammarCompiled(key, str(exc)))

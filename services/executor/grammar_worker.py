@@ -16,17 +16,23 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import msgpack
 
 STARTUP_TIMEOUT_S = 300.0  # importing xgrammar (and torch) takes seconds on a loaded machine
 RECYCLE_RSS_BYTES = 1 << 30  # a worker that grew past this is replaced after its compile
+POLL_S = 0.1  # how soon a compile nobody waits for any more is stopped
 _HEADER = struct.Struct("<Q")
 
 
 class CompileFailed(Exception):
     """The spec does not compile, or its compile ran out of time (the message says which)."""
+
+
+class CompileCancelled(Exception):
+    """Every request waiting for the compile went away: the worker was killed mid-compile."""
 
 
 class CompileWorker:
@@ -38,12 +44,17 @@ class CompileWorker:
         self.num_started = 0
         self.num_killed = 0  # for overrunning their time
 
-    def compile(self, kind: str, spec: str, timeout_s: float) -> str:
+    def compile(
+        self, kind: str, spec: str, timeout_s: float, cancelled: Callable[[], bool] = bool
+    ) -> str:
         """The compiled grammar as xgrammar's JSON (CompiledGrammar.serialize_json)."""
         proc = self._start()
         try:
             _write(proc.stdin, [kind, spec])
-            reply = _read(proc.stdout, time.monotonic() + timeout_s)
+            reply = _read(proc.stdout, time.monotonic() + timeout_s, cancelled)
+        except CompileCancelled:
+            self.close()
+            raise
         except TimeoutError:
             self.num_killed += 1
             self.close()
@@ -97,20 +108,29 @@ def _write(pipe: BinaryIO, value: Any) -> None:
     pipe.flush()
 
 
-def _read(pipe: BinaryIO, deadline: float | None = None) -> Any:
-    """One frame; TimeoutError when it is not all there by the deadline."""
+def _read(
+    pipe: BinaryIO, deadline: float | None = None, cancelled: Callable[[], bool] = bool
+) -> Any:
+    """One frame; TimeoutError when it is not all there by the deadline, CompileCancelled as
+    soon as cancelled() says so."""
     fd = pipe.fileno()
-    header = _read_exactly(fd, _HEADER.size, deadline)
-    return msgpack.unpackb(_read_exactly(fd, _HEADER.unpack(header)[0], deadline))
+    header = _read_exactly(fd, _HEADER.size, deadline, cancelled)
+    return msgpack.unpackb(_read_exactly(fd, _HEADER.unpack(header)[0], deadline, cancelled))
 
 
-def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+def _read_exactly(
+    fd: int, size: int, deadline: float | None, cancelled: Callable[[], bool]
+) -> bytes:
     chunks, left = [], size
     while left:
-        if deadline is not None:
+        while deadline is not None:
             wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+            if wait <= 0:
                 raise TimeoutError
+            if select.select([fd], [], [], min(wait, POLL_S))[0]:
+                break
+            if cancelled():
+                raise CompileCancelled
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
             raise EOFError("the grammar compiler exited")
