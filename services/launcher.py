@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Callable
 
 from services.engine.args import engine_argv
+from services.gateway.service import check_exposure
 from services.restart_budget import RestartBudget
 from shared.ipc import Addresses
 from shared.model_source import model_name, resolve_model
@@ -65,6 +66,8 @@ class Stack:
         gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
         if args.api_key:
             gateway += ["--api-key", args.api_key]
+        if args.allow_unauthenticated:
+            gateway += ["--allow-unauthenticated"]
         gateway += [
             "--body-read-timeout", str(args.body_read_timeout),
             "--header-read-timeout", str(args.header_read_timeout),
@@ -200,6 +203,7 @@ def _wires(addresses: Addresses) -> list[str]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    check_exposure(args)  # before any process starts
     stack = Stack(args)
     stopping = {"signal": None}
 

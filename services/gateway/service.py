@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
@@ -26,7 +27,16 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("HTTP")
     group.add_argument("--host", default="127.0.0.1")
     group.add_argument("--port", type=int, default=8000)
-    group.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    group.add_argument(
+        "--api-key",
+        default=os.environ.get("PAGEDSERVE_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' (default: $PAGEDSERVE_API_KEY)",
+    )
+    group.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve without an API key on a --host other machines can reach (refused otherwise)",
+    )
     group.add_argument(
         "--max-queued-requests",
         type=int,
@@ -75,6 +85,26 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_exposure(args: argparse.Namespace) -> None:
+    """Refuse to serve without an API key on an address that other machines can reach."""
+    if args.api_key or args.allow_unauthenticated or _is_loopback(args.host):
+        return
+    raise ValueError(
+        f"--host {args.host!r} is reachable from other machines and no API key is set: pass "
+        "--api-key KEY (or set PAGEDSERVE_API_KEY), or --allow-unauthenticated to serve "
+        "anyone who can reach it"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name, or "" (every address): it may be reachable
+        return False
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -114,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         "--ready-file", default=None, help="create this file once the gateway can serve"
     )
     args = parser.parse_args(argv)
+    try:
+        check_exposure(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     from transformers import AutoTokenizer
@@ -125,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(
         backend,
         tokenizer,
-        api_key=args.api_key or None,  # an empty key (compose's default) means no key
+        api_key=args.api_key or None,  # an empty key means no key
         max_queued_requests=args.max_queued_requests,
         max_chat_messages=args.max_chat_messages,
         request_timeout_s=args.request_timeout,

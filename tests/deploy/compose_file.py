@@ -9,21 +9,25 @@ from typing import Any
 import yaml
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker" / "compose.yaml"
-_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?:(:?)-([^}]*))?\}|\$(\w+)")
+_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?:(:?)([-?])([^}]*))?\}|\$(\w+)")
 
 
 def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """Compose's substitution: ${VAR}, ${VAR:-default}, ${VAR-default}, $VAR and $$."""
+    """Compose's substitution: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error},
+    ${VAR?error} (a ValueError when VAR is unset, or empty with the colon), $VAR and $$."""
     if isinstance(value, str):
 
         def substitute(match: re.Match) -> str:
             if match.group(0) == "$$":
                 return "$"
-            name = match.group(1) or match.group(4)
-            colon, default = match.group(2), match.group(3)
+            name = match.group(1) or match.group(5)
+            colon, operator, argument = match.group(2), match.group(3), match.group(4)
             found = env.get(name)
-            if default is not None and (found is None or (colon and found == "")):
-                return default
+            missing = found is None or (colon and found == "")
+            if operator == "-" and missing:
+                return argument
+            if operator == "?" and missing:
+                raise ValueError(f"{name}: {argument}")
             return found or ""
 
         return _VARIABLE.sub(substitute, value)

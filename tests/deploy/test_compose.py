@@ -34,12 +34,14 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _docker_compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """docker-compose with this environment, the API key only where `env` gives one."""
+    base = {k: v for k, v in os.environ.items() if k != "PAGEDSERVE_API_KEY"}
     return subprocess.run(
         ["docker-compose", "-f", str(COMPOSE_FILE), *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, **(env or {})},
+        env={**base, **(env or {})},
     )
 
 
@@ -52,13 +54,36 @@ needs_compose = pytest.mark.skipif(
 @pytest.mark.parametrize("profile", [None, "cuda", "monitoring"])
 def test_compose_file_validates(profile):
     args = ["--profile", profile] if profile else []
-    result = _docker_compose(*args, "config", "--quiet")
+    result = _docker_compose(*args, "config", "--quiet", env={"PAGEDSERVE_API_KEY": API_KEY})
     assert result.returncode == 0, result.stderr
 
 
 @needs_compose
+@pytest.mark.parametrize("key", [None, ""])
+def test_compose_refuses_to_start_without_an_api_key(key):
+    # The gateway's port is published on every address: no key would mean no authentication.
+    env = {} if key is None else {"PAGEDSERVE_API_KEY": key}
+    result = _docker_compose("config", "--quiet", env=env)
+    assert result.returncode != 0
+    assert "set PAGEDSERVE_API_KEY" in result.stderr
+    with pytest.raises(ValueError, match="PAGEDSERVE_API_KEY"):
+        load_services(env)
+
+
+def test_the_key_reaches_the_gateway_and_the_metrics_scrape():
+    services = load_services({"PAGEDSERVE_API_KEY": API_KEY})
+    gateway = services["gateway"]["command"]
+    assert gateway[gateway.index("--api-key") + 1] == API_KEY
+    prometheus = services["prometheus"]
+    assert environment_of(prometheus)["PAGEDSERVE_API_KEY"] == API_KEY
+    scrape = yaml.safe_load((COMPOSE_FILE.parent / "prometheus" / "prometheus.yml").read_text())
+    key_file = scrape["scrape_configs"][0]["authorization"]["credentials_file"]
+    assert f'"$PAGEDSERVE_API_KEY" > {key_file} &&' in prometheus["entrypoint"][-1]
+
+
+@needs_compose
 def test_our_reading_of_the_file_is_what_compose_resolves():
-    env = {"PAGEDSERVE_MODEL": "/models/tiny", "PAGEDSERVE_PORT": "9123"}
+    env = {"PAGEDSERVE_MODEL": "/models/tiny", "PAGEDSERVE_PORT": "9123", "PAGEDSERVE_API_KEY": "k"}
     result = _docker_compose("config", env=env)
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)["services"]
@@ -71,7 +96,7 @@ def test_our_reading_of_the_file_is_what_compose_resolves():
 
 
 def test_the_file_has_the_shape_we_promise():
-    services = load_services({})
+    services = load_services({"PAGEDSERVE_API_KEY": API_KEY})
     core = {name: services[name] for name in START_ORDER}
     # Only the gateway publishes a port; the ZeroMQ pipes stay on the compose network.
     assert [name for name, s in core.items() if s.get("ports")] == ["gateway"]

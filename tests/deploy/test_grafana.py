@@ -69,7 +69,7 @@ def test_panels_use_the_provisioned_data_source_and_do_not_overlap():
 
 
 def test_the_monitoring_profile_mounts_files_that_exist():
-    services = load_services({})
+    services = load_services({"PAGEDSERVE_API_KEY": "k"})  # compose requires one
     for name in ("prometheus", "grafana"):
         assert services[name]["profiles"] == ["monitoring"]
         for volume in services[name]["volumes"]:
