@@ -1,8 +1,12 @@
 """Soak: minutes of mixed load on `pagedserve serve` with random client aborts and one executor
-kill; reports requests served, errors, leaked blocks and each process's peak RSS.
+kill; reports requests served, errors, leaked blocks and each process's peak RSS. With --hostile,
+hostile inputs (tests/service/hostile_traffic.py) join the traffic, their answers are counted
+apart (a 5xx is never expected), and every process's RSS is sampled over the run.
 
     PYTHONPATH=. python scripts/soak.py --minutes 10 --clients 16 --output soak.json
     PYTHONPATH=. python scripts/soak.py --minutes 3 --gateways 2    # two gateway processes
+    PYTHONPATH=. python scripts/soak.py --minutes 10 --hostile --output soak_hostile.json \\
+        --plot soak_hostile_rss.png
 """
 
 from __future__ import annotations
@@ -12,24 +16,16 @@ import asyncio
 import json
 import random
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
 
+from shared.model_source import resolve_model
+from tests.service.hostile_client import Ctx
+from tests.service.hostile_traffic import HostileTally, hostile_traffic
+from tests.service.process_rss import RssSampler, plot_rss
 from tests.service.stack_process import HEADERS, ServeProcess, metric, wait_metric
-
-
-def _rss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass  # the process is gone (killed, or being replaced)
-    return 0.0
 
 
 class Tally:
@@ -37,7 +33,7 @@ class Tally:
         self.served = 0  # ended normally (finish reason stop/length), streamed or not
         self.cut = 0  # the client left mid-stream on purpose
         self.errors: list[str] = []  # anything else: non-200, error event, missing [DONE]
-        self.peak_rss: dict[str, float] = {}
+        self.hostile = HostileTally()
 
 
 async def _one(session: aiohttp.ClientSession, url: str, model: str, rng: random.Random, tally):
@@ -83,7 +79,18 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, rng: random
             tally.errors.append("stream ended without [DONE]")
 
 
-async def _soak(stack: ServeProcess, seconds: float, clients: int, seed: int, tally) -> dict:
+async def _hostile(stack: ServeProcess, vocab_size: int, stop_at: float, args, tally) -> None:
+    timeout = aiohttp.ClientTimeout(total=120)  # a hostile request may be slow, never endless
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        url = f"{stack.url}/v1/tokenize"
+        async with session.post(url, json={"prompt": "hi"}, headers=HEADERS) as response:
+            max_model_len = (await response.json())["max_model_len"]
+        ctx = Ctx(stack, session, vocab_size, max_model_len, random.Random(args.seed + 1))
+        await hostile_traffic(ctx, stop_at, args.hostile_rate, tally.hostile)
+
+
+async def _soak(stack: ServeProcess, args, vocab_size: int, tally) -> dict:
+    seconds, clients, seed = args.minutes * 60, args.clients, args.seed
     stop_at = time.monotonic() + seconds
     kill_at = time.monotonic() + seconds / 2
     rng = random.Random(seed)
@@ -99,7 +106,8 @@ async def _soak(stack: ServeProcess, seconds: float, clients: int, seed: int, ta
         await asyncio.sleep(max(0.0, kill_at - time.monotonic()))
         killed["pid"] = stack.kill("executor")
 
-    await asyncio.gather(killer(), *(client(i) for i in range(clients)))
+    hostile = [_hostile(stack, vocab_size, stop_at, args, tally)] if args.hostile else []
+    await asyncio.gather(killer(), *hostile, *(client(i) for i in range(clients)))
     async with aiohttp.ClientSession() as session:
         await wait_metric(session, stack.url, "pagedserve_kv_blocks_used", 0, timeout=60)
         leaked = await metric(session, stack.url, "pagedserve_kv_blocks_used")
@@ -107,10 +115,8 @@ async def _soak(stack: ServeProcess, seconds: float, clients: int, seed: int, ta
     return {"leaked_blocks": leaked, "executor_restarts": restarts}
 
 
-def _watch_rss(stack: ServeProcess, tally: Tally, stop: threading.Event) -> None:
-    while not stop.wait(0.5):
-        for name, pid in dict(stack.pids).items():
-            tally.peak_rss[name] = max(tally.peak_rss.get(name, 0.0), _rss_mib(pid))
+def _vocab_size(model: str | Path) -> int:
+    return json.loads((resolve_model(str(model)) / "config.json").read_text())["vocab_size"]
 
 
 def main() -> int:
@@ -121,6 +127,10 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="a model directory (default: a tiny one)")
     parser.add_argument("--gateways", type=int, default=1, help="gateway processes (serve)")
     parser.add_argument("--output", default=None, help="write the figures as JSON here")
+    parser.add_argument("--hostile", action="store_true", help="mix hostile inputs in")
+    parser.add_argument("--hostile-rate", type=float, default=0.5, help="hostile requests/s")
+    parser.add_argument("--rss-every-s", type=float, default=5.0, help="RSS sample interval")
+    parser.add_argument("--plot", default=None, help="PNG: each process's RSS over the run")
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -133,14 +143,13 @@ def main() -> int:
         model, "--num-device-blocks", "256", "--max-num-seqs", "32",
         "--gateways", str(args.gateways),
     )  # fmt: skip
-    tally, stop = Tally(), threading.Event()
-    watcher = threading.Thread(target=_watch_rss, args=(stack, tally, stop), daemon=True)
-    watcher.start()
+    tally = Tally()
+    sampler = RssSampler(lambda: stack.pids, keep_every_s=args.rss_every_s).start()
     t0 = time.monotonic()
     try:
-        end = asyncio.run(_soak(stack, args.minutes * 60, args.clients, args.seed, tally))
+        end = asyncio.run(_soak(stack, args, _vocab_size(model), tally))
     finally:
-        stop.set()
+        sampler.stop()
         code = stack.stop()
     figures = {
         "minutes": round((time.monotonic() - t0) / 60, 1),
@@ -153,13 +162,23 @@ def main() -> int:
         "executor_kills": 1,
         **end,
         "restarts_seen_by_launcher": stack.restarts,
-        "peak_rss_mib": {n: round(v) for n, v in sorted(tally.peak_rss.items())},
+        "peak_rss_mib": {n: round(v) for n, v in sorted(sampler.peak.items())},
         "serve_exit_code": code,
     }
+    if args.hostile:
+        figures["hostile"] = tally.hostile.figures()
+        figures["rss_samples_mib"] = sampler.samples
+    if args.plot:
+        title = f"soak{' with hostile inputs' if args.hostile else ''}: RSS per process"
+        plot_rss(sampler.samples, args.plot, title)
+    samples = figures.pop("rss_samples_mib", None)  # too long to print
     print(json.dumps(figures, indent=2))
+    if samples is not None:
+        figures["rss_samples_mib"] = samples
     if args.output:
         Path(args.output).write_text(json.dumps(figures, indent=2) + "\n")
     ok = not tally.errors and end["leaked_blocks"] == 0 and code == 0
+    ok = ok and not tally.hostile.unexpected
     return 0 if ok else 1
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def rss_mib(pid: int) -> float:
@@ -18,8 +19,27 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def children(pid: int) -> list[int]:
+    """Every descendant of a process (e.g. the executor's grammar compiler)."""
+    found = []
+    # Each thread lists the children it started, so every thread's file is read.
+    for children_file in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(c) for c in children_file.read_text().split()]
+        except OSError:
+            pass  # the thread or the process is gone
+    return found + [d for c in found for d in children(c)]
+
+
 def rss_now(pids: dict[str, int]) -> dict[str, float]:
-    return {name: round(rss_mib(pid), 1) for name, pid in sorted(pids.items())}
+    """Each process's RSS, and the sum over its descendants as `<name>_children` where it has
+    any (their memory is the process's doing but not in its own RSS)."""
+    out = {}
+    for name, pid in sorted(pids.items()):
+        out[name] = round(rss_mib(pid), 1)
+        if descendants := children(pid):
+            out[f"{name}_children"] = round(sum(rss_mib(d) for d in descendants), 1)
+    return out
 
 
 class RssSampler:
