@@ -1,0 +1,152 @@
+"""How long a streaming request waits between tokens while a long prompt is admitted beside it.
+
+For each server setting a `pagedserve serve` stack (the embedded model unless --model) starts,
+then one short streamed completion runs alone (idle), then another runs while a prompt of
+--long-len random token ids (max_tokens 1) is sent beside it once the stream has its first
+tokens. Reported per setting: the stream's longest and median gap between tokens, idle and
+while the long prompt is computed, and the long prompt's latency. Settings run one after the
+other on fresh stacks (no prefix cache shared between them).
+
+    .venv/bin/python benchmarks/long_prompt_fairness.py \\
+        --json benchmarks/results/long_prompt_fairness.json
+
+Default settings: "old" (--max-num-batched-tokens 2048, no per-request cap: the defaults
+before) and "new" (the defaults now: 512 on a CPU, 256 prompt tokens per request while others
+decode), plus the budget of 512 without the cap, to tell the two changes apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.cpu_serving import free_port  # noqa: E402
+from services.bench.http_load import model_name  # noqa: E402
+from services.bench.server import wait_healthy  # noqa: E402
+
+SETTINGS = [
+    "old=--max-num-batched-tokens 2048 --max-prefill-tokens-per-request 2048",
+    "512-no-cap=--max-num-batched-tokens 512 --max-prefill-tokens-per-request 512",
+    "new=",
+]
+
+
+async def stream_gaps(
+    session: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int, times: list
+) -> None:
+    """Stream a completion, appending each token chunk's arrival time to `times`."""
+    body = {"model": await model_name(session, url), "prompt": prompt, "stream": True}
+    body.update(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                if json.loads(line[6:]).get("choices"):
+                    times.append(time.perf_counter())
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+async def measure(url: str, args: argparse.Namespace) -> dict:
+    rng = random.Random(0)
+    short = [rng.randrange(100, 40000) for _ in range(args.short_len)]
+    other = [rng.randrange(100, 40000) for _ in range(args.short_len)]
+    long = [rng.randrange(100, 40000) for _ in range(args.long_len)]
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await stream_gaps(session, url, [5, 6, 7], 4, [])  # warm-up
+        idle: list[float] = []
+        await stream_gaps(session, url, short, args.idle_tokens, idle)
+        times: list[float] = []
+        stream = asyncio.create_task(stream_gaps(session, url, other, 4000, times))
+        while len(times) < 3:
+            await asyncio.sleep(0.01)
+        sent = time.perf_counter()
+        body = {"model": await model_name(session, url), "prompt": long, "max_tokens": 1}
+        async with session.post(f"{url}/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            await resp.json()
+        done = time.perf_counter()
+        stream.cancel()  # the client goes away: the server aborts the stream
+        # Gaps that end while the long prompt is in (from its sending to its answer).
+        during = [b - a for a, b in zip(times, times[1:]) if sent < b <= done + 1e-3]
+    return {
+        "idle_max_gap_s": max(gaps(idle)),
+        "idle_median_gap_s": statistics.median(gaps(idle)),
+        "long_max_gap_s": max(during),
+        "long_median_gap_s": statistics.median(during),
+        "stream_tokens_during_long": len(during),
+        "long_prompt_latency_s": done - sent,
+    }
+
+
+def run_setting(label: str, flags: str, args: argparse.Namespace) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "services.cli", "serve", "--port", str(port)]
+    argv += shlex.split(args.common) + shlex.split(flags)
+    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, env=os.environ.copy())
+    try:
+        wait_healthy(proc, url, 600)
+        result = asyncio.run(measure(url, args))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return {"setting": label, "flags": flags, **result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setting", action="append", help="label=flags (repeatable)")
+    parser.add_argument("--common", default="", help="flags for every setting (e.g. --model)")
+    parser.add_argument("--long-len", type=int, default=7800)
+    parser.add_argument("--short-len", type=int, default=16)
+    parser.add_argument("--idle-tokens", type=int, default=32)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    rows = []
+    for setting in args.setting or SETTINGS:
+        label, _, flags = setting.partition("=")
+        rows.append(run_setting(label, flags, args))
+        r = rows[-1]
+        print(
+            f"{label}: idle max {r['idle_max_gap_s']:.2f} s (median "
+            f"{r['idle_median_gap_s']:.3f}); beside the long prompt max "
+            f"{r['long_max_gap_s']:.2f} s (median {r['long_median_gap_s']:.3f}, "
+            f"{r['stream_tokens_during_long']} tokens); long prompt "
+            f"{r['long_prompt_latency_s']:.1f} s",
+            flush=True,
+        )
+    if args.json:
+        setup = {k: v for k, v in vars(args).items() if k not in ("json", "setting")}
+        setup["cpus"] = os.cpu_count()
+        setup["load_avg_1m_at_end"] = os.getloadavg()[0]
+        with open(args.json, "w") as f:
+            json.dump({"setup": setup, "rows": rows}, f, indent=2)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
