@@ -237,13 +237,17 @@ async def _run(args, stack: ServeProcess, rows: list[Row], sampler: RssSampler) 
         for row in rows:
             results.append(await run_row(ctx, row, args, idle, sampler))
             print(_table_line(results[-1]), flush=True)
+        # Idle again at the end: a machine busier than at the start shows here, not as a fault.
+        idle_after = await idle_probe(ctx, args.idle_probes)
+        print(f"idle probe after: first token {idle_after['longest_first_token_s']} s, longest "
+              f"gap {idle_after['longest_gap_s']} s", flush=True)  # fmt: skip
         await wait_metric(session, stack.url, "pagedserve_kv_blocks_used", 0, timeout=60)
         final = {
             "kv_blocks_used": await metric(session, stack.url, "pagedserve_kv_blocks_used"),
             "alive": {n: alive(p) for n, p in stack.pids.items()},
             "restarts": stack.restarts,
         }
-    return {"idle_probe": idle, "rows": results, "final": final}
+    return {"idle_probe": idle, "rows": results, "idle_probe_after": idle_after, "final": final}
 
 
 def main() -> int:

@@ -99,7 +99,9 @@ def probe_figures(probes: list[dict], idle: dict | None = None) -> dict:
     between = [g for p in probes for g in p["gaps"][1:]]
     out = {
         "count": len(probes),
-        "failed": sum(p["status"] != 200 for p in probes),
+        # A probe cut off at a row's end is not a failure; its open gap is counted as a gap.
+        "failed": sum(p["status"] != 200 and not p["unfinished"] for p in probes),
+        "unfinished": sum(p["unfinished"] for p in probes),
         "longest_first_token_s": round(max(first), 3) if first else None,
         "longest_gap_s": round(max(between), 3) if between else None,
         "mean_gap_s": round(statistics.fmean(between), 4) if between else None,
