@@ -14,7 +14,7 @@ import aiohttp
 
 from tests.service import hostile_payloads as hp
 from tests.service.raw_http import exchange
-from tests.service.stack_process import HEADERS, ServeProcess, stream, wait_metric
+from tests.service.stack_process import HEADERS, ServeProcess, stream, wait_health, wait_metric
 
 PROBE = {"prompt": "The capital of France is", "temperature": 0, "ignore_eos": True}
 
@@ -127,9 +127,11 @@ async def idle_probe(ctx: Ctx, count: int) -> dict:
 
 
 async def settle(ctx: Ctx, timeout_s: float = 120.0) -> float | None:
-    """Seconds until nothing runs, waits or holds KV blocks; None if that never came."""
+    """Seconds until /health says ok and nothing runs, waits or holds KV blocks; None if that
+    never came. Health first: while the scheduler has no stats, the gauges read 0."""
     t0 = time.monotonic()
     try:
+        await wait_health(ctx.session, ctx.stack.url, timeout=timeout_s)
         for name in ("num_requests_running", "num_requests_waiting", "kv_blocks_used"):
             left = max(1.0, timeout_s - (time.monotonic() - t0))
             await wait_metric(ctx.session, ctx.stack.url, f"pagedserve_{name}", 0, timeout=left)
