@@ -178,14 +178,16 @@ def mutate(rng: random.Random, body: Any, names: list[str]) -> Any:
     top = body if isinstance(body, dict) else {}
     if name == "odd_role":
         messages = top.get("messages")
-        if isinstance(messages, list) and messages and isinstance(messages[0], dict):
-            rng.choice(messages)["role"] = rng.choice(ROLES)
+        turns = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+        if turns:
+            rng.choice(turns)["role"] = rng.choice(ROLES)
         else:
             top["messages"] = [{"role": rng.choice(ROLES), "content": "x"}]
     elif name == "huge_logit_bias":
         top["logit_bias"] = rng.choice(BIASES)
     elif name == "message_flood":
-        top["messages"] = [{"role": "user", "content": "x"}] * rng.choice([2049, 5000, 20_000])
+        count = rng.choice([2049, 5000, 20_000])  # distinct dicts: a later edit changes one
+        top["messages"] = [{"role": "user", "content": "x"} for _ in range(count)]
     elif name in ("duplicate_key", "unknown_key", "drop_key"):
         place = rng.choice(_dicts(body)) if _dicts(body) else ()
         target = _get(body, place) if place or isinstance(body, dict) else {}
