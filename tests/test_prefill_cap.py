@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from services.engine.args import engine_argv, engine_config_from_args
+from services.engine.llm_engine import LLMEngine
 from services.scheduler.scheduler import Scheduler
 from shared.config import SchedulerConfig
 from shared.protocol import ExecutorReady
+from tests.factories import engine_config
+from tests.test_engine_greedy import _run
 from tests.test_scheduler import add, make_scheduler, step
 
 
@@ -89,3 +92,17 @@ def test_the_flags_default_to_the_device_and_pass_on_to_child_processes():
     args = parser.parse_args(engine_argv(args, None) + ["--max-prefill-tokens-per-request", "16"])
     scheduler = engine_config_from_args(parser.parse_args(engine_argv(args, None))).scheduler
     assert (scheduler.max_num_batched_tokens, scheduler.max_prefill_tokens_per_request) == (64, 16)
+
+
+def test_greedy_output_with_capped_chunks_equals_transformers(tiny_model_dir, prompts, hf_greedy):
+    config = engine_config(tiny_model_dir, max_num_batched_tokens=96)
+    config = replace(config, scheduler=replace(config.scheduler, max_prefill_tokens_per_request=8))
+    engine = LLMEngine(config)
+    outputs, plans = _run(engine, prompts)  # shortest first: they decode while longer ones fill
+    assert outputs == hf_greedy
+    # Some prompt was computed 8 tokens at a time beside streams that decoded.
+    assert any(
+        any(len(s.token_ids) == 8 and not s.sample for s in p.seqs)
+        and any(len(s.token_ids) == 1 for s in p.seqs)
+        for p in plans
+    )
