@@ -262,7 +262,9 @@ def _require_int(name: str, value: Any, low: int | None, high: int | None) -> No
 
 
 def _require_number(name: str, value: Any, low: float, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+    # An int is never NaN, and math.isnan() cannot convert one past a float's range.
+    nan = isinstance(value, float) and math.isnan(value)
+    if isinstance(value, bool) or not isinstance(value, int | float) or nan:
         raise InvalidRequestError(f"{name} must be a number, got {value!r}", param=name)
     if not low <= value <= high:
         raise InvalidRequestError(f"{name} must be in [{low}, {high}], got {value}", param=name)

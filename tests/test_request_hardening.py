@@ -16,6 +16,7 @@ from services.gateway import serving
 from services.gateway.openai_api import parse_chat_request, parse_completion_request
 from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError
+from shared.sampling import SamplingParams
 from tests.test_gateway_http import INFO, eventually, serve, tokenizer  # noqa: F401
 
 USER = [{"role": "user", "content": "the capital of"}]
@@ -82,10 +83,18 @@ async def test_json_nested_too_deep_is_a_400(serve, path, data) -> None:
     "path, body, param",
     [
         ("/v1/completions", _completion(prompt="paris \ud800"), "prompt"),
-        ("/v1/completions", _completion(prompt=["\udfff"]), "prompt"),
+        ("/v1/completions", _completion(prompt=["\udfff"]), "prompt[0]"),
         ("/v1/tokenize", {"model": "tiny", "prompt": "a\ud800b"}, "prompt"),
-        ("/v1/chat/completions", _chat([{"role": "user", "content": "\ud800"}]), "messages"),
-        ("/v1/tokenize", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+        (
+            "/v1/chat/completions",
+            _chat([{"role": "user", "content": "\ud800"}]),
+            "messages[0].content",
+        ),
+        (
+            "/v1/tokenize",
+            {"messages": [{"role": "user", "content": "\ud800"}]},
+            "messages[0].content",
+        ),
     ],
 )
 async def test_a_lone_surrogate_is_a_400_naming_the_field(serve, path, body, param) -> None:
@@ -95,6 +104,38 @@ async def test_a_lone_surrogate_is_a_400_naming_the_field(serve, path, body, par
     error = (await resp.json())["error"]
     assert error["param"] == param and "surrogate" in error["message"]
     assert backend.requests == []
+
+
+async def test_a_lone_surrogate_anywhere_in_a_body_is_a_400_naming_its_place(serve) -> None:
+    client, backend = await serve()
+    for body, param in [
+        (_completion(stop=["ok", "\ud800"]), "stop[1]"),
+        (_completion(guided_regex="a\udfff"), "guided_regex"),
+        (_completion(logit_bias={"\udc80": 1}), "logit_bias.\udc80"),
+    ]:
+        resp = await client.post("/v1/completions", json=body)
+        assert resp.status == 400
+        assert (await resp.json())["error"]["param"] == param
+    # A surrogate pair (what an ASCII-only JSON writer makes of an emoji) is one character.
+    resp = await client.post("/v1/completions", json=_completion(prompt="paris \U0001f99c"))
+    assert resp.status == 200 and len(backend.requests) == 1
+
+
+def test_text_the_tokenizer_refuses_is_a_400_below_the_http_layer_too(tokenizer):
+    error = _refusal(parse_completion_request, _completion(prompt="a\ud800"), tokenizer)
+    assert error.param == "prompt" and "surrogate" in error.message
+    with pytest.raises(InvalidRequestError, match="surrogate"):
+        chat_prompt_ids(tokenizer, [{"role": "user", "content": "\udfff"}])
+
+
+@pytest.mark.parametrize(
+    "values, param",
+    [({"top_p": 10**400}, "top_p"), ({"logit_bias": {"5": -(10**400)}}, "logit_bias")],
+)
+def test_an_int_past_a_floats_range_is_a_400_where_a_number_is_wanted(values, param):
+    with pytest.raises(InvalidRequestError) as info:  # was an OverflowError in math.isnan
+        SamplingParams.from_dict(values)
+    assert info.value.param == param
 
 
 # ---- Authorization header bytes ----------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
@@ -13,6 +14,8 @@ from shared.errors import InvalidRequestError
 
 T = TypeVar("T")
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # any surrogate, paired or not
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_JSON_DEPTH = 64  # nesting levels a request body may use; OpenAI bodies need about 6
 # Bodies from here on are parsed off the event loop (json.loads takes about 1 ms per 256 KiB).
 PARSE_OFF_LOOP_BYTES = 256 * 1024
@@ -61,7 +64,40 @@ def parse_json(raw: bytes) -> Any:
     # Nesting past the limit needs more brackets than that in all: most bodies skip the walk.
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
         raise _too_deep()
+    # JSON may spell a lone surrogate ("\ud800"), which is no Unicode text: the tokenizer, UTF-8
+    # and msgpack all refuse it, wherever in the body it reached them. Only an escape makes one.
+    if _SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(value)) is not None:
+        path, char = where
+        raise InvalidRequestError(
+            f"{path} holds a lone surrogate (U+{ord(char):04X}), which is not valid Unicode",
+            param=path,
+        )
     return value
+
+
+def _lone_surrogate(value: Any) -> tuple[str, str] | None:
+    """(path, the surrogate) of a string or key holding one; json.loads has joined valid pairs."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if found := _SURROGATE.search(node):
+                return path or "body", found.group()
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                name = key if len(key) <= 40 else f"{key[:40]}..."
+                where = f"{path}.{name}" if path else name
+                if found := _SURROGATE.search(key):
+                    return where, found.group()
+                if isinstance(child, str | dict | list):
+                    stack.append((child, where))
+        elif isinstance(node, list):
+            stack.extend(
+                (child, f"{path}[{i}]")
+                for i, child in enumerate(node)
+                if isinstance(child, str | dict | list)
+            )
+    return None
 
 
 def _nests_deeper(value: Any, limit: int) -> bool:

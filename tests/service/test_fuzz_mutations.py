@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import os
 import random
@@ -124,8 +125,12 @@ def _long_string(rng: random.Random, old: Any) -> Any:
     return rng.choice("a \u00e9\U0001f99c[{") * rng.choice([5000, 70_000, 300_000, 1_000_000])
 
 
+def _pick(rng: random.Random, choices: list[Any]) -> Any:
+    return copy.deepcopy(rng.choice(choices))  # a body may be edited again, in place
+
+
 def _value(choices: list[Any]):
-    return lambda rng, old: rng.choice(choices)
+    return lambda rng, old: _pick(rng, choices)
 
 
 # Replace the value at a random place in the body.
@@ -184,7 +189,7 @@ def mutate(rng: random.Random, body: Any, names: list[str]) -> Any:
         else:
             top["messages"] = [{"role": rng.choice(ROLES), "content": "x"}]
     elif name == "huge_logit_bias":
-        top["logit_bias"] = rng.choice(BIASES)
+        top["logit_bias"] = _pick(rng, BIASES)
     elif name == "message_flood":
         count = rng.choice([2049, 5000, 20_000])  # distinct dicts: a later edit changes one
         top["messages"] = [{"role": "user", "content": "x"} for _ in range(count)]
@@ -198,7 +203,7 @@ def mutate(rng: random.Random, body: Any, names: list[str]) -> Any:
                 del target[key]
         elif name == "duplicate_key" and pairs:
             key, value = rng.choice(pairs)
-            twice = Dup([*pairs, (key, rng.choice(WRONG_TYPES + EXTREMES + [value]))])
+            twice = Dup([*pairs, (key, _pick(rng, [*WRONG_TYPES, *EXTREMES, value]))])
             return _set(body, place, twice) if place else twice
         else:
             target[rng.choice(["colour", "", "\ud800", "Model", "x" * 300, "prompt "])] = 1
