@@ -24,6 +24,10 @@ class ExecutorReady:
     eos_token_ids: tuple[int, ...]
     # "cpu", "cuda" or "sim" (a modelled GPU): the scheduler's defaults depend on it.
     device_type: str = "cuda"
+    # Tokens of context whose attention costs one query token as much as the rest of its
+    # forward pass (the linear layers and the LM head): a prompt chunk at context c costs about
+    # (1 + c / context_cost_tokens) times its context-free cost. 0: not modelled.
+    context_cost_tokens: int = 0
 
 
 # In a plan made while the step before it still ran (async scheduling): "the token you sampled

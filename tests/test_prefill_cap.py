@@ -14,12 +14,15 @@ from tests.test_engine_greedy import _run
 from tests.test_scheduler import add, make_scheduler, step
 
 
-def capped(cap: int | None, budget: int = 32) -> Scheduler:
+def capped(cap: int | None, budget: int = 32, context_cost_tokens: int = 0) -> Scheduler:
     scheduler = make_scheduler(
         num_device_blocks=64, max_num_batched_tokens=budget, max_model_len=128
     )
     config = replace(scheduler.config, max_prefill_tokens_per_request=cap)
-    return Scheduler(config, ExecutorReady(64, 16, 4, 128, 100, (2,), device_type="cuda"))
+    ready = ExecutorReady(
+        64, 16, 4, 128, 100, (2,), device_type="cuda", context_cost_tokens=context_cost_tokens
+    )
+    return Scheduler(config, ready)
 
 
 def shares(plan) -> dict[int, int]:
@@ -41,6 +44,23 @@ def test_a_long_prompt_beside_decoding_streams_takes_at_most_the_cap_per_step():
         chunks.append(share[seq.seq_id])
     # Capped at 8 of the budget's 32 while the streams decode (the budget has room for more).
     assert chunks == [8] * 8 + [6]
+
+
+def test_chunks_deep_into_a_prompt_are_smaller_by_their_attention_cost():
+    # context_cost_tokens 20: a chunk at context c costs (1 + c/20) times a context-free one,
+    # so the cap of 16 context-free tokens buys 16 * 20 // (20 + c) tokens at context c.
+    scheduler = capped(cap=16, context_cost_tokens=20)
+    add(scheduler, "s", 3, max_tokens=60)
+    step(scheduler)
+    long = add(scheduler, "long", 60, first=20, max_tokens=2)
+    seq = long.seqs[0]
+    chunks = []
+    while seq.num_computed_tokens < seq.prompt_len:
+        context = seq.num_computed_tokens
+        plan, _ = step(scheduler)
+        chunks.append(shares(plan)[seq.seq_id])
+        assert chunks[-1] == min(max(1, 16 * 20 // (20 + context)), seq.prompt_len - context)
+    assert chunks[:4] == [16, 8, 7, 6]  # at contexts 0, 16, 24 and 31
 
 
 def test_a_lone_long_prompt_still_takes_the_whole_budget():

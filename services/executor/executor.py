@@ -245,6 +245,7 @@ class Executor:
             vocab_size=self.model.spec.vocab_size,
             eos_token_ids=self.eos_token_ids,
             device_type=self.device.type,
+            context_cost_tokens=self.model.spec.context_cost_tokens,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

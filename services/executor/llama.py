@@ -40,6 +40,18 @@ class LlamaSpec:
     o_bias: bool
     mlp_bias: bool
 
+    @property
+    def context_cost_tokens(self) -> int:
+        """Context tokens whose attention (q.k and p.v, every layer) costs one query token the
+        multiply-adds of its linear layers and LM head; see ExecutorReady."""
+        kv_dim = self.num_kv_heads * self.head_dim
+        per_layer = self.hidden_size * (self.num_heads * self.head_dim + 2 * kv_dim)  # q, k, v
+        per_layer += self.num_heads * self.head_dim * self.hidden_size  # o
+        per_layer += 3 * self.hidden_size * self.intermediate_size  # gate, up, down
+        linear = self.num_layers * per_layer + self.hidden_size * self.vocab_size
+        attention_per_context_token = 2 * self.num_layers * self.num_heads * self.head_dim
+        return max(1, linear // attention_per_context_token)
+
     @classmethod
     def from_hf_config(cls, config) -> LlamaSpec:
         if config.model_type not in SUPPORTED_MODEL_TYPES:

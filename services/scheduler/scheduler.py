@@ -70,6 +70,7 @@ class Scheduler:
         # Prompt tokens per request and step while others decode (chunks only split when chunked).
         cap = config.prefill_cap(ready.device_type) if config.enable_chunked_prefill else None
         self.prefill_cap = cap if cap is not None and cap < self.token_budget else None
+        self.context_cost_tokens = ready.context_cost_tokens
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
@@ -397,8 +398,15 @@ class Scheduler:
         return self.prefill_cap
 
     def _share(self, group: SequenceGroup, budget: int, cap: int | None) -> int:
-        """The part of the step's budget one group may take."""
-        return budget if cap is None or _is_decoding(group) else min(budget, cap)
+        """The part of the step's budget one group may take. The cap counts context-free
+        tokens: a chunk deep into a long prompt attends to all of it, so it gets fewer tokens
+        for the same step time (ExecutorReady.context_cost_tokens)."""
+        if cap is None or _is_decoding(group):
+            return budget
+        if self.context_cost_tokens:
+            context = group.live_seqs()[0].num_computed_tokens
+            cap = max(1, cap * self.context_cost_tokens // (self.context_cost_tokens + context))
+        return min(budget, cap)
 
     def _swap_in(
         self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
