@@ -72,8 +72,11 @@ def test_compose_refuses_to_start_without_an_api_key(key):
 
 def test_the_key_reaches_the_gateway_and_the_metrics_scrape():
     services = load_services({"PAGEDSERVE_API_KEY": API_KEY})
-    gateway = services["gateway"]["command"]
-    assert gateway[gateway.index("--api-key") + 1] == API_KEY
+    gateway = services["gateway"]
+    # Through the environment (--api-key's default), not on a command line any user can read.
+    assert environment_of(gateway)["PAGEDSERVE_API_KEY"] == API_KEY
+    for service in services.values():
+        assert not any(API_KEY in str(arg) for arg in service.get("command") or []), service
     prometheus = services["prometheus"]
     assert environment_of(prometheus)["PAGEDSERVE_API_KEY"] == API_KEY
     scrape = yaml.safe_load((COMPOSE_FILE.parent / "prometheus" / "prometheus.yml").read_text())
