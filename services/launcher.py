@@ -64,8 +64,6 @@ class Stack:
             self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *own, *name, *wires])
             self._spawn(f"executor{suffix}", ["-m", "services.executor", *own, *wires], env)
         gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
-        if args.api_key:
-            gateway += ["--api-key", args.api_key]
         if args.allow_unauthenticated:
             gateway += ["--allow-unauthenticated"]
         gateway += [
@@ -81,13 +79,13 @@ class Stack:
             gateway += ["--request-timeout", str(args.request_timeout)]
         for addresses in replicas[1:]:
             gateway += ["--replica-addr", addresses.gateway]
-        gateway_env = None
+        gateway_env = _gateway_env(args.api_key)
         if num_gateways > 1:
             # One port for all (the kernel spreads connections), one set of /metrics counters.
             gateway += ["--reuse-port"]
             metrics_dir = os.path.join(self.ipc_dir, "metrics")
             os.makedirs(metrics_dir)
-            gateway_env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+            gateway_env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         for i in range(num_gateways):
             name = f"gateway-{i}" if i else "gateway"
             argv = ["-m", "services.gateway", *gateway, *_wires(replicas[0])]
@@ -191,6 +189,18 @@ def _replica_engine(
     size = args.tensor_parallel_size
     devices = ",".join(str(d) for d in range(index * size, (index + 1) * size))
     return engine, {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
+
+
+def _gateway_env(api_key: str | None) -> dict[str, str]:
+    """The gateway's environment, which carries the API key (the gateway's --api-key defaults to
+    $PAGEDSERVE_API_KEY): on argv any local user would read it in ps or /proc/PID/cmdline,
+    while /proc/PID/environ is readable only by the process's owner."""
+    env = dict(os.environ)
+    if api_key:
+        env["PAGEDSERVE_API_KEY"] = api_key
+    else:  # no key (or --api-key ''): the gateway must not pick one up from the environment
+        env.pop("PAGEDSERVE_API_KEY", None)
+    return env
 
 
 def _wires(addresses: Addresses) -> list[str]:

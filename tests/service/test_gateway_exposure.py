@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from services.gateway.service import check_exposure
-from tests.service.stack_process import free_port
+from tests.service.stack_process import API_KEY, HEADERS, ServeProcess, free_port
 from tests.test_gateway_http import eventually
 
 
@@ -93,3 +93,38 @@ async def test_starts_on_all_addresses_with_a_key_or_consent(consent, tiny_model
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+
+
+def _descendants(pid: int) -> set[int]:
+    """The pids under `pid` now, from each process's parent in /proc/PID/stat."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # The name, in parentheses, may hold spaces: the parent's pid follows its end.
+                parents[int(entry)] = int(stat.read().rpartition(")")[2].split()[1])
+        except (ValueError, OSError):  # not a process, or one gone since listdir
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def test_the_api_key_is_on_no_command_line_the_launcher_starts(tiny_model_dir):
+    # Any user of the machine reads every process's argv (ps, /proc/PID/cmdline); the key reaches
+    # the gateway in its environment, which only its owner reads.
+    stack = ServeProcess(tiny_model_dir, "--num-device-blocks", "64")
+    try:
+        children = _descendants(stack.proc.pid)
+        assert set(stack.pids.values()) <= children
+        for pid in children:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                assert API_KEY.encode() not in cmdline.read(), pid
+        assert _status(stack.port, "/v1/models") == 401  # the key reached the gateway
+        request = urllib.request.Request(f"{stack.url}/v1/models", headers=HEADERS)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        assert stack.stop() == 0
