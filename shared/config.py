@@ -152,9 +152,12 @@ class GrammarConfig:
     compile_timeout_s: float = 10.0
     cache_bytes: int = 256 << 20  # compiled grammars kept for reuse (xgrammar's own accounting)
     limits: GrammarLimits = field(default_factory=GrammarLimits)
+    # Requests waiting for a compile (one worker compiles them in turn); past it, a 429.
+    max_pending: int = 16
 
     def __post_init__(self) -> None:
         _positive("compile_timeout_s", self.compile_timeout_s)
+        _positive("max_pending", self.max_pending)
         if isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int):
             raise ValueError(f"cache_bytes must be an integer, got {self.cache_bytes!r}")
         if self.cache_bytes < 0:

@@ -39,3 +39,17 @@ class ModelNotFoundError(PagedServeError, FileNotFoundError):
 
     http_status = 404
     error_type = "not_found_error"
+
+
+class RateLimitError(PagedServeError):
+    """Too much is queued already: the same request may succeed later (Retry-After)."""
+
+    http_status = 429
+    error_type = "rate_limit_error"
+
+
+class ServiceUnavailableError(PagedServeError):
+    """The server cannot serve the request now (a part of it failed or is overloaded)."""
+
+    http_status = 503
+    error_type = "service_unavailable_error"

@@ -192,12 +192,24 @@ class CompileGrammar:
 
 
 @dataclass
+class ForgetGrammars:
+    """Scheduler -> executor, beside the plans and sent at once: these sequences' requests ended
+    while waiting for their grammar (aborted, expired, failed). The executor drops their queued
+    compiles and held grammars, and kills a compile that ran for them alone."""
+
+    seq_ids: list[int]
+
+
+@dataclass
 class GrammarCompiled:
     """Executor -> scheduler: CompileGrammar `key` is done; error is None when the grammar is
-    ready, else why it is not (an invalid spec, or a compile past the time limit)."""
+    ready, else why it is not: error_type "invalid_request_error" for the spec's own fault (it
+    is invalid, or its compile ran past the time limit), "service_unavailable_error" for the
+    server's (the compiler did not start, crashed, or failed inside)."""
 
     key: int
     error: str | None = None
+    error_type: str = "invalid_request_error"
 
 
 @dataclass

@@ -36,6 +36,7 @@ MESSAGE_TYPES: dict[str, type] = {
         protocol.ExecutorHeartbeat,
         protocol.CompileGrammar,
         protocol.GrammarCompiled,
+        protocol.ForgetGrammars,
         protocol.Shutdown,
         protocol.KvStateRequest,
         protocol.KvState,

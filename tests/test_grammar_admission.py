@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from services.gateway.request_run import GenerationFailed
 from services.scheduler.grammar_wait import ANSWER_GRACE_S
 from services.scheduler.scheduler import Scheduler
 from shared.config import GrammarConfig, SchedulerConfig
-from shared.errors import InvalidRequestError
+from shared.errors import InvalidRequestError, RateLimitError, ServiceUnavailableError
 from shared.protocol import ExecutorReady, SampledToken, StepResult
 from shared.sampling import SamplingParams
 from shared.structured import GrammarLimits
@@ -94,7 +95,7 @@ def test_a_compile_error_ends_that_request_alone_with_an_invalid_request_error()
     assert scheduler.grammar_compiled(request.key, None) is None
 
 
-def test_a_compile_past_the_time_limit_ends_that_request_alone() -> None:
+def test_a_compile_not_answered_in_time_ends_that_request_alone_with_a_503() -> None:
     clock = Clock()
     scheduler = make_scheduler(clock)
     free = scheduler.block_manager.device.num_free
@@ -107,10 +108,14 @@ def test_a_compile_past_the_time_limit_ends_that_request_alone() -> None:
     clock.now = limit + ANSWER_GRACE_S + 0.1
     [update] = scheduler.expire_grammar_waits()
     assert update.finished and update.group.request_id == "guided"
-    assert update.error["type"] == "invalid_request_error"
-    assert "--grammar-compile-timeout" in update.error["message"]
-    assert f"{limit:g} s" in update.error["message"]
+    # The executor answers a compile past its limit itself (a 400): no answer at all is the
+    # server's fault (compiles queued ahead, a stuck executor), not the spec's.
+    assert update.error["type"] == "service_unavailable_error"
+    assert update.error["code"] == "grammar_compiler_busy"
+    assert f"{limit + ANSWER_GRACE_S:g} s" in update.error["message"]
     assert list(scheduler.groups) == ["plain"]
+    # The executor is told at once, not with the next plan: it stops the compile.
+    assert scheduler.take_grammar_forgets() == [update.group.seqs[0].seq_id]
     # Its sequence is freed at the executor too (a grammar held for it is dropped there).
     plan = scheduler.schedule()
     assert update.group.seqs[0].seq_id in plan.freed_seq_ids
@@ -124,6 +129,9 @@ def test_an_abort_while_compiling_frees_everything() -> None:
     scheduler.add_request("guided", [3, 4, 5], GUIDED)
     [request] = scheduler.take_compile_requests()
     update = scheduler.abort("guided")
+    # Told to the executor now: no plan may follow (nothing else runs) to carry it.
+    assert scheduler.take_grammar_forgets() == request.seq_ids
+    assert scheduler.take_grammar_forgets() == []
     assert update.finished and update.group.seqs[0].finish_reason == "abort"
     assert not scheduler.groups and len(scheduler.grammar_waits) == 0
     assert not scheduler.has_unfinished() and not scheduler.has_schedulable()
@@ -165,3 +173,47 @@ def test_requests_over_the_grammar_limits_are_refused_at_intake() -> None:
     with pytest.raises(InvalidRequestError, match="--max-grammar-spec-bytes"):
         scheduler.add_request("r", [3, 4], big)
     assert not scheduler.groups and scheduler.take_compile_requests() == []
+
+
+def test_the_deadline_starts_when_the_compile_is_sent() -> None:
+    # While the executor is down nothing is sent: its replacement's compile gets a full limit.
+    clock = Clock()
+    scheduler = make_scheduler(clock)
+    scheduler.add_request("guided", [3, 4, 5], GUIDED)
+    clock.now = 1000.0
+    assert scheduler.expire_grammar_waits() == []
+    scheduler.take_compile_requests()
+    clock.now += GrammarConfig().compile_timeout_s + ANSWER_GRACE_S - 0.1
+    assert scheduler.expire_grammar_waits() == []
+    clock.now += 0.2
+    assert len(scheduler.expire_grammar_waits()) == 1
+
+
+def test_a_compiler_failure_is_a_503_and_an_invalid_spec_a_400() -> None:
+    scheduler = make_scheduler()
+    scheduler.add_request("crashed", [3, 4, 5], GUIDED)
+    scheduler.add_request("invalid", [3, 4, 5], GUIDED)
+    crashed, invalid = scheduler.take_compile_requests()
+    update = scheduler.grammar_compiled(crashed.key, "it crashed", "service_unavailable_error")
+    assert update.error["type"] == "service_unavailable_error"
+    update = scheduler.grammar_compiled(invalid.key, "invalid regex constraint: ...")
+    assert update.error["type"] == "invalid_request_error"
+
+
+def test_grammar_requests_past_max_pending_are_refused_with_a_429() -> None:
+    scheduler = Scheduler(SchedulerConfig(), READY, GrammarConfig(max_pending=2))
+    scheduler.add_request("a", [3, 4], GUIDED)
+    scheduler.add_request("b", [3, 4], GUIDED)
+    with pytest.raises(RateLimitError, match="--max-pending-grammars") as refused:
+        scheduler.add_request("c", [3, 4], GUIDED)
+    assert refused.value.http_status == 429 and "c" not in scheduler.groups
+    scheduler.add_request("plain", [3, 4], PLAIN)  # plain requests are not bounded by it
+    scheduler.abort("a")
+    scheduler.add_request("c", [3, 4], GUIDED)  # room again
+
+
+def test_the_gateway_answers_the_schedulers_new_errors_with_their_statuses() -> None:
+    busy = ServiceUnavailableError("the grammar compiler is busy", code="grammar_compiler_busy")
+    assert GenerationFailed(busy.to_dict()["error"]).status == 503
+    full = RateLimitError("too many grammars wait", param="guided")
+    assert GenerationFailed(full.to_dict()["error"]).status == 429

@@ -120,6 +120,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     grammar.add_argument(
         "--grammar-cache-mb", type=float, default=256.0, help="compiled grammars kept for reuse"
     )
+    grammar.add_argument(
+        "--max-pending-grammars", type=int, default=16,
+        help="requests that may wait for a grammar compile at once (compiles run one at a "
+        "time); more are answered 429",
+    )  # fmt: skip
     limits = GrammarLimits()
     grammar.add_argument(
         "--max-grammar-spec-bytes", type=int, default=limits.max_spec_bytes,
@@ -211,6 +216,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         grammar=GrammarConfig(
             compile_timeout_s=args.grammar_compile_timeout,
             cache_bytes=int(args.grammar_cache_mb * (1 << 20)),
+            max_pending=args.max_pending_grammars,
             limits=GrammarLimits(
                 max_spec_bytes=args.max_grammar_spec_bytes,
                 max_choices=args.max_grammar_choices,
@@ -249,6 +255,7 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--sim-model", args.sim_model,
         "--grammar-compile-timeout", str(args.grammar_compile_timeout),
         "--grammar-cache-mb", str(args.grammar_cache_mb),
+        "--max-pending-grammars", str(args.max_pending_grammars),
         "--max-grammar-spec-bytes", str(args.max_grammar_spec_bytes),
         "--max-grammar-choices", str(args.max_grammar_choices),
         "--max-grammar-regex-bytes", str(args.max_grammar_regex_bytes),

@@ -16,11 +16,8 @@ from typing import Any
 
 import torch
 
+from services.executor.grammar_spec import Guided, compile_guided
 from shared.errors import InvalidRequestError
-from shared.structured import choice_ebnf
-
-_ANY_OBJECT = '{"type": "object"}'
-Guided = tuple[str, str]  # (kind, spec)
 
 
 def make_tokenizer_info(model_dir: Path, vocab_size: int, stop_token_ids: tuple[int, ...]) -> Any:
@@ -32,21 +29,6 @@ def make_tokenizer_info(model_dir: Path, vocab_size: int, stop_token_ids: tuple[
     return xgrammar.TokenizerInfo.from_huggingface(
         tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
     )
-
-
-def compile_guided(compiler: Any, kind: str, spec: str) -> Any:
-    """The CompiledGrammar of a constraint; raises what xgrammar raises for a bad spec."""
-    if kind == "json_object":
-        # OpenAI's JSON mode means an object; xgrammar's built-in grammar allows any value.
-        return compiler.compile_json_schema(_ANY_OBJECT, any_whitespace=False)
-    if kind == "json_schema":
-        # Compact separators: a model cannot ramble in whitespace it is not allowed.
-        return compiler.compile_json_schema(spec, any_whitespace=False)
-    if kind == "regex":
-        return compiler.compile_regex(spec)
-    if kind == "choice":
-        return compiler.compile_grammar(choice_ebnf(spec))
-    return compiler.compile_grammar(spec)
 
 
 class GrammarStore:

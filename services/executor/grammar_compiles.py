@@ -15,8 +15,15 @@ import threading
 from collections.abc import Callable
 
 from services.executor.grammar import GrammarStore
-from services.executor.grammar_worker import CompileCancelled, CompileFailed, CompileWorker
+from services.executor.grammar_worker import (
+    CompileCancelled,
+    CompileFailed,
+    CompilerUnavailable,
+    CompileWorker,
+)
 from shared.protocol import CompileGrammar, GrammarCompiled
+
+UNAVAILABLE = "service_unavailable_error"  # the server failed, not the spec: a 503
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -32,6 +39,7 @@ class GrammarCompiles:
         self.timeout_s = timeout_s
         self._answer = answer  # called on this thread only (its own socket: zmq's rule)
         self._queue: queue.Queue[CompileGrammar | None] = queue.Queue()
+        self._closing = threading.Event()
         self.worker: CompileWorker | None = None
         self._thread = threading.Thread(target=self._run, name="grammar-compiles", daemon=True)
         self._thread.start()
@@ -41,20 +49,33 @@ class GrammarCompiles:
         self.store.expect(request.key, request.seq_ids)
         self._queue.put(request)
 
+    def forget(self, seq_ids: list[int]) -> None:
+        """From the step loop: these sequences' requests ended while waiting for their grammar.
+        Their queued compiles are skipped, their held grammars dropped, and a compile running
+        for them alone is killed (within POLL_S)."""
+        for seq_id in seq_ids:
+            self.store.forget(seq_id)
+
     def close(self) -> None:
+        # The worker is closed by the compile thread alone (its Popen is that thread's): a
+        # compile under way is cancelled, then the thread closes the worker and ends.
+        self._closing.set()
         self._queue.put(None)
         self._thread.join(timeout=5.0)
-        if self.worker is not None:
-            self.worker.close()
 
     def _run(self) -> None:
-        while (request := self._queue.get()) is not None:
-            try:
-                self._serve(request)
-            except Exception as exc:  # noqa: BLE001 - one request's failure must not stop others
-                log.exception("grammar compile %d failed", request.key)
-                self.store.hold(request.key, request.seq_ids, None)
-                self._answer(GrammarCompiled(request.key, f"the grammar compile failed: {exc}"))
+        try:
+            while (request := self._queue.get()) is not None:
+                try:
+                    self._serve(request)
+                except Exception as exc:  # noqa: BLE001 - one failure must not stop others
+                    log.exception("grammar compile %d failed", request.key)
+                    self.store.hold(request.key, request.seq_ids, None)
+                    error = f"the grammar compile failed: {exc}"
+                    self._answer(GrammarCompiled(request.key, error, UNAVAILABLE))
+        finally:
+            if self.worker is not None:
+                self.worker.close()
 
     def _serve(self, request: CompileGrammar) -> None:
         key, seq_ids = request.key, request.seq_ids
@@ -74,10 +95,14 @@ class GrammarCompiles:
                     request.spec,
                     self.timeout_s,
                     # Every request for it aborted: stop it, its core is the steps' again.
-                    cancelled=lambda: not self.store.wanted(key, seq_ids),
+                    cancelled=lambda: self._closing.is_set() or not self.store.wanted(key, seq_ids),
                 )
             except CompileCancelled:
                 self.store.hold(key, seq_ids, None)
+                return
+            except CompilerUnavailable as exc:
+                self.store.hold(key, seq_ids, None)
+                self._answer(GrammarCompiled(key, str(exc), UNAVAILABLE))
                 return
             except CompileFailed as exc:
                 self.store.hold(key, seq_ids, None)

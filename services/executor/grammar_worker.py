@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -29,6 +30,10 @@ _HEADER = struct.Struct("<Q")
 
 class CompileFailed(Exception):
     """The spec does not compile, or its compile ran out of time (the message says which)."""
+
+
+class CompilerUnavailable(CompileFailed):
+    """The server's fault, not the spec's: the worker did not start, or crashed mid-compile."""
 
 
 class CompileCancelled(Exception):
@@ -64,7 +69,7 @@ class CompileWorker:
             ) from None
         except (OSError, EOFError, ValueError) as exc:
             self.close()
-            raise CompileFailed(f"the grammar compiler failed: {exc}") from None
+            raise CompilerUnavailable(f"the grammar compiler failed: {exc}") from None
         ok, payload, rss = reply
         if rss > RECYCLE_RSS_BYTES:
             self.close()
@@ -88,8 +93,9 @@ class CompileWorker:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         self.close()
-        # It exits when its stdin closes, so it never outlives the executor.
+        # It is killed with the executor (PR_SET_PDEATHSIG), and exits when its stdin closes.
         argv = [sys.executable, "-m", "services.executor.grammar_worker"]
+        argv += ["--parent-pid", str(os.getpid())]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._proc = proc
         self.num_started += 1
@@ -98,7 +104,7 @@ class CompileWorker:
             _read(proc.stdout, time.monotonic() + STARTUP_TIMEOUT_S)  # "ready"
         except (OSError, EOFError, ValueError, TimeoutError) as exc:
             self.close()
-            raise CompileFailed(f"the grammar compiler did not start: {exc!r}") from None
+            raise CompilerUnavailable(f"the grammar compiler did not start: {exc!r}") from None
         return proc
 
 
@@ -145,8 +151,29 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """Be killed with the executor, even mid-compile (EOF on stdin is only seen between
+    compiles), and be the one the kernel's OOM killer picks rather than the executor."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the EOF on stdin still ends it, after its compile
+    if parent is not None and os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass  # best effort
+
+
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m services.executor.grammar_worker").parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m services.executor.grammar_worker")
+    parser.add_argument("--parent-pid", type=int, default=None, help="the executor's pid")
+    _die_with_parent(parser.parse_args(argv).parent_pid)
     os.nice(10)  # the executor's steps go first on a shared core
     # Frames go to the pipe stdout was; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
@@ -154,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     source = sys.stdin.buffer
     import xgrammar
 
-    from services.executor.grammar import compile_guided
+    from services.executor.grammar_spec import compile_guided
 
     info = xgrammar.TokenizerInfo.deserialize_json(_read(source))
     # No cache here: the executor keeps what it deserialized (its LRU), this process only builds.

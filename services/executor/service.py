@@ -21,6 +21,7 @@ from shared.model_source import resolve_model
 from shared.protocol import (
     CompileGrammar,
     ExecutorHeartbeat,
+    ForgetGrammars,
     GrammarCompiled,
     Shutdown,
     StepPlan,
@@ -95,6 +96,9 @@ def serve(args: argparse.Namespace) -> int:
                 # Never here, in the step loop: the compile thread answers when it is done.
                 grammars.submit(message, results)
                 continue
+            if isinstance(message, ForgetGrammars):
+                grammars.forget(message.seq_ids)
+                continue
             if isinstance(message, StepPlan):
                 launched = executor.launch(message)
                 if flight is not None:
@@ -145,6 +149,10 @@ class _GrammarAnswers:
             send_sync(results, GrammarCompiled(request.key))
         else:
             self._compiles.submit(request)
+
+    def forget(self, seq_ids: list[int]) -> None:
+        if self._compiles is not None:
+            self._compiles.forget(seq_ids)
 
     def _answer(self, message: GrammarCompiled) -> None:
         if self._socket is None:  # made on the compile thread, the only one sending on it

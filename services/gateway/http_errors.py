@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from shared.errors import PagedServeError
+# RateLimitError and ServiceUnavailableError are shared with the scheduler.
+from shared.errors import (  # noqa: F401
+    PagedServeError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
 
 
 class AuthenticationError(PagedServeError):
@@ -10,16 +15,6 @@ class AuthenticationError(PagedServeError):
     error_type = "authentication_error"
 
 
-class RateLimitError(PagedServeError):
-    http_status = 429
-    error_type = "rate_limit_error"
-
-
 class RequestTimeoutError(PagedServeError):
     http_status = 408
     error_type = "timeout_error"
-
-
-class ServiceUnavailableError(PagedServeError):
-    http_status = 503
-    error_type = "service_unavailable_error"

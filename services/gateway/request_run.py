@@ -11,7 +11,11 @@ from typing import Any
 
 from services.gateway.backend import BackendGone
 from services.gateway.detokenizer import IncrementalDetokenizer
-from services.gateway.http_errors import RequestTimeoutError, ServiceUnavailableError
+from services.gateway.http_errors import (
+    RateLimitError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+)
 from services.gateway.openai_api import ParsedRequest
 from services.gateway.state import GatewayState
 from shared.errors import InvalidRequestError, ModelNotFoundError, PagedServeError
@@ -26,6 +30,7 @@ _STATUS_BY_TYPE = {
         ModelNotFoundError,
         ServiceUnavailableError,
         RequestTimeoutError,
+        RateLimitError,
     )
 }
 

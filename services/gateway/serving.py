@@ -58,7 +58,9 @@ async def read_json(request: web.Request, inputs: InputWork) -> JsonBody:
 
 
 def error_response(error: dict[str, Any], status: int) -> web.Response:
-    return web.json_response(fmt.error_event(error), status=status)
+    # Clients that back off (OpenAI's included) read Retry-After on 429 and 503.
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return web.json_response(fmt.error_event(error), status=status, headers=headers)
 
 
 async def _watch_disconnect(request: web.Request, handler: asyncio.Task[Any]) -> None:

@@ -12,7 +12,7 @@ from shared.protocol import CompileGrammar
 
 # Beyond the compile's own limit (which the executor enforces by killing its worker): the
 # worker's start (seconds: it imports xgrammar) and compiles queued ahead of this one. Only an
-# executor that never answers makes a request wait this long.
+# executor that never answers, or a queue of compiles too long, makes a request wait this long.
 ANSWER_GRACE_S = 30.0
 
 
@@ -20,7 +20,9 @@ ANSWER_GRACE_S = 30.0
 class _Wait:
     group: SequenceGroup
     key: int
-    deadline: float  # clock() past which the request ends without its grammar
+    # clock() past which the request ends without its grammar; counted from when its compile
+    # was sent (never while the executor is down, when nothing is sent)
+    deadline: float = float("inf")
 
 
 class GrammarWaits:
@@ -43,16 +45,18 @@ class GrammarWaits:
         announced afresh after an executor restart)."""
         key = self._next_key
         self._next_key += 1
-        deadline = self._clock() + self.timeout_s + ANSWER_GRACE_S
-        self._by_key[key] = _Wait(group, key, deadline)
+        self._by_key[key] = _Wait(group, key)
         self._key_of[group.request_id] = key
         kind, spec = group.sampling.guided
         seq_ids = [s.seq_id for s in group.live_seqs()]
         self._outbox.append(CompileGrammar(key, kind, spec, seq_ids))
 
     def take_requests(self) -> list[CompileGrammar]:
-        """The compile requests to send now (each once)."""
+        """The compile requests to send now (each once); their deadlines start now."""
         requests, self._outbox = self._outbox, []
+        deadline = self._clock() + self.timeout_s + ANSWER_GRACE_S
+        for request in requests:
+            self._by_key[request.key].deadline = deadline
         return requests
 
     def answered(self, key: int) -> SequenceGroup | None:

@@ -13,13 +13,18 @@ from dataclasses import dataclass, field
 
 from services.scheduler.beam_search import BeamSearch, Candidate
 from services.scheduler.block_manager import BlockManager
-from services.scheduler.grammar_wait import GrammarWaits
+from services.scheduler.grammar_wait import ANSWER_GRACE_S, GrammarWaits
 from services.scheduler.kv_policy import make_block_manager
 from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from shared.config import GrammarConfig, SchedulerConfig
-from shared.errors import InvalidRequestError
+from shared.errors import (
+    InvalidRequestError,
+    PagedServeError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
 from shared.protocol import (
     PENDING_TOKEN,
     CompileGrammar,
@@ -86,6 +91,9 @@ class Scheduler:
         self._inflight: dict[int, list[_Entry]] = {}  # step_id -> what that plan scheduled
         self._inflight_victims: dict[int, list[SequenceGroup]] = {}  # step_id -> swapped out
         self._freed_seq_ids: list[int] = []
+        # Sequences whose grammar wait ended unadmitted: told to the executor at once, not with
+        # the next plan (there may be none for long), so that it stops their compiles.
+        self._grammar_forgets: list[int] = []
         self._pending_updates: list[GroupUpdate] = []  # requests ended by schedule() itself
         self._next_seq_id = 0
         self._next_arrival = 0
@@ -97,7 +105,8 @@ class Scheduler:
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams
     ) -> SequenceGroup:
-        """Validate and queue a request; raises InvalidRequestError without side effects."""
+        """Validate and queue a request; raises InvalidRequestError without side effects, or
+        RateLimitError for a grammar request while --max-pending-grammars wait for theirs."""
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="id")
         self.validate_prompt(prompt_token_ids)
@@ -112,6 +121,12 @@ class Scheduler:
         if sampling.guided is not None:
             check_limits(*sampling.guided, self.grammar.limits)
             check_spec(*sampling.guided)
+            if len(self.grammar_waits) >= self.grammar.max_pending:
+                raise RateLimitError(
+                    f"{len(self.grammar_waits)} requests already wait for their grammar to "
+                    f"compile (this server's --max-pending-grammars); retry later",
+                    param="guided",
+                )
         fields = [("logit_bias", [t for t, _ in sampling.logit_bias])]
         fields.append(("stop_token_ids", list(sampling.stop_token_ids)))
         for param, token_ids in fields:
@@ -143,35 +158,46 @@ class Scheduler:
         """CompileGrammar messages for the executor, each sent once."""
         return self.grammar_waits.take_requests()
 
-    def grammar_compiled(self, key: int, error: str | None) -> GroupUpdate | None:
+    def take_grammar_forgets(self) -> list[int]:
+        """Sequences whose grammar the executor should forget now (ForgetGrammars)."""
+        seq_ids, self._grammar_forgets = self._grammar_forgets, []
+        return seq_ids
+
+    def grammar_compiled(
+        self, key: int, error: str | None, error_type: str = InvalidRequestError.error_type
+    ) -> GroupUpdate | None:
         """The executor's answer: the request joins the waiting queue in arrival order, or ends
-        alone with an invalid_request_error. None for an answer nobody waits for any more."""
+        alone with an invalid_request_error (its spec's fault) or a service_unavailable_error
+        (the compiler's). None for an answer nobody waits for any more."""
         group = self.grammar_waits.answered(key)
         if group is None:
             return None
         if error is not None:
-            return self._end_with_error(group, InvalidRequestError(error, param="guided"))
+            server_side = error_type == ServiceUnavailableError.error_type
+            failed = ServiceUnavailableError if server_side else InvalidRequestError
+            return self._end_with_error(group, failed(error, param="guided"))
         position = bisect.bisect(list(self.waiting), group.arrival, key=lambda g: g.arrival)
         self.waiting.insert(position, group)
         return None
 
     def expire_grammar_waits(self) -> list[GroupUpdate]:
-        """End the requests whose grammar is still not compiled past the time limit (the
-        executor kills a compile that overruns; this also covers one that never answers)."""
-        limit = self.grammar_waits.timeout_s
-        return [
-            self._end_with_error(
-                group,
-                InvalidRequestError(
-                    f"the {group.sampling.guided[0]} constraint was not compiled within this "
-                    f"server's limit of {limit:g} s (--grammar-compile-timeout)",
-                    param="guided",
-                ),
+        """End the requests whose compile was not answered in time: the executor kills a
+        compile past its own limit and answers, so this is the server's fault (compiles queued
+        ahead, an executor that never answers), a 503, not the spec's."""
+        updates = []
+        for group in self.grammar_waits.expired():
+            self._grammar_forgets.extend(s.seq_id for s in group.live_seqs())
+            error = ServiceUnavailableError(
+                f"the grammar compiler is busy: the {group.sampling.guided[0]} constraint "
+                f"waited {self.grammar_waits.timeout_s + ANSWER_GRACE_S:g} s for its compile; "
+                "retry later",
+                param="guided",
+                code="grammar_compiler_busy",
             )
-            for group in self.grammar_waits.expired()
-        ]
+            updates.append(self._end_with_error(group, error))
+        return updates
 
-    def _end_with_error(self, group: SequenceGroup, error: InvalidRequestError) -> GroupUpdate:
+    def _end_with_error(self, group: SequenceGroup, error: PagedServeError) -> GroupUpdate:
         for seq in group.live_seqs():
             self._finish(group, seq, "error")
         return GroupUpdate(group, finished=True, error=error.to_dict()["error"])
@@ -213,6 +239,10 @@ class Scheduler:
         if group in self.waiting:
             self.waiting.remove(group)
         self.grammar_waits.drop(request_id)
+        if group.sampling.guided is not None:
+            # Compiling, or compiled and held for it: the executor forgets it now (a no-op for
+            # sequences already running, which the next plan frees).
+            self._grammar_forgets.extend(s.seq_id for s in group.live_seqs())
         for seq in group.live_seqs():
             self._finish(group, seq, "abort")
         return GroupUpdate(group, finished=True)
@@ -245,6 +275,7 @@ class Scheduler:
         self._inflight.clear()
         self._inflight_victims.clear()
         self._freed_seq_ids = []  # the new executor knows none of them
+        self._grammar_forgets = []
 
     def _make_block_manager(self, ready: ExecutorReady) -> BlockManager:
         return make_block_manager(

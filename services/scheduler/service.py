@@ -25,7 +25,7 @@ from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
-from shared.errors import InvalidRequestError
+from shared.errors import PagedServeError
 from shared.ipc import Addresses, add_address_args, addresses_from_args, make_socket, recv, send
 from shared.model_source import model_name
 from shared.peer_watch import PeerWatch
@@ -33,6 +33,7 @@ from shared.protocol import (
     AbortRequest,
     ExecutorHeartbeat,
     ExecutorReady,
+    ForgetGrammars,
     GatewayHello,
     GenerateRequest,
     GrammarCompiled,
@@ -217,13 +218,14 @@ class SchedulerService:
                     await self.gateways.send_deltas([reply], self._stats())
                     await self._send_compiles()
                     self._work.set()
-                except InvalidRequestError as exc:
+                except PagedServeError as exc:  # invalid (400), or too many grammars (429)
                     reply = RequestDelta(message.request_id, [], True, exc.to_dict()["error"])
                     await self.gateways.send(peer, TokenDeltas([reply], self._stats()))
             elif isinstance(message, AbortRequest):
                 update = self.scheduler.abort(message.request_id)
                 if update is not None:
                     await self.gateways.send_deltas([group_delta(update)], self._stats())
+                await self._send_forgets()
             elif isinstance(message, KvStateRequest):
                 await self.gateways.send(peer, kv_snapshot(self.scheduler, self._preemptions))
             elif isinstance(message, GatewayHello):
@@ -243,7 +245,9 @@ class SchedulerService:
                 self._new_ready = message
                 self._executor_back.set()
             elif isinstance(message, GrammarCompiled) and self.scheduler is not None:
-                update = self.scheduler.grammar_compiled(message.key, message.error)
+                update = self.scheduler.grammar_compiled(
+                    message.key, message.error, message.error_type
+                )
                 if update is not None:
                     await self.gateways.send_deltas([group_delta(update)], self._stats())
                 self._work.set()  # it joined the waiting queue
@@ -412,12 +416,29 @@ class SchedulerService:
                 # and the request's own timer ends it otherwise.
                 log.warning("could not ask the executor for grammar %d", request.key)
 
+    async def _send_forgets(self) -> None:
+        """Tell the executor at once which grammar waits ended unadmitted, so that it stops
+        their compiles even while no step runs (plans carry freed sequences only when sent)."""
+        if self.scheduler is None or not self._executor_up:
+            return  # requeue_all forgets them: the next executor never hears of them
+        seq_ids = self.scheduler.take_grammar_forgets()
+        if not seq_ids:
+            return
+        try:
+            await asyncio.wait_for(send(self.plans, ForgetGrammars(seq_ids)), HEARTBEAT_S)
+        except TimeoutError:
+            log.warning("could not tell the executor to forget %d grammars", len(seq_ids))
+
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            expired = self.scheduler.expire_grammar_waits() if self.scheduler is not None else []
+            # Not while the executor is down: its replacement is asked afresh, with new deadlines.
+            expired = []
+            if self.scheduler is not None and self._executor_up:
+                expired = self.scheduler.expire_grammar_waits()
             if expired:
                 await self.gateways.send_deltas([group_delta(u) for u in expired], self._stats())
+            await self._send_forgets()  # the expired, and orphans aborted since the last beat
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 log.warning("parent process is gone; exiting")
                 self._stopping.set()

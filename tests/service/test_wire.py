@@ -11,6 +11,7 @@ from shared.protocol import (
     CompileGrammar,
     ExecutorHeartbeat,
     ExecutorReady,
+    ForgetGrammars,
     GatewayHello,
     GenerateRequest,
     GrammarCompiled,
@@ -58,6 +59,8 @@ EXAMPLES = [
     CompileGrammar(7, "json_schema", '{"enum": ["a", "b"]}', [4, 9]),
     GrammarCompiled(7),
     GrammarCompiled(8, "compiling the regex constraint took longer than ..."),
+    GrammarCompiled(9, "the grammar compiler crashed", "service_unavailable_error"),
+    ForgetGrammars([4, 9]),
     GenerateRequest("req-1", [1, 2, 3], SAMPLING, 1764420000.5),
     AbortRequest("req-1"),
     TokenDeltas(
