@@ -29,7 +29,7 @@ class GrammarLimits:
 def check_limits(kind: str, spec: str, limits: GrammarLimits, param: str = "guided") -> None:
     """Raise InvalidRequestError naming the field and the limit a spec is over (cheap: no
     grammar is built, so it may run before the spec is compiled anywhere)."""
-    size = len(spec.encode())
+    size = _utf8_size(spec, param)
     if size > limits.max_spec_bytes:
         raise _over(param, f"is {size} bytes", f"{limits.max_spec_bytes} bytes", "spec-bytes")
     if kind == "regex" and size > limits.max_regex_bytes:
@@ -68,12 +68,28 @@ def _check_schema(schema: Any, limits: GrammarLimits, param: str) -> None:
                     many = f"has more than {limits.max_choices} enum values"
                     raise _over(param, many, f"{limits.max_choices} values", "choices")
             pattern = node.get("pattern")
-            if isinstance(pattern, str) and len(pattern.encode()) > limits.max_regex_bytes:
-                long = f"has a {len(pattern.encode())}-byte pattern"
-                raise _over(param, long, f"{limits.max_regex_bytes} bytes", "regex-bytes")
+            if isinstance(pattern, str):
+                size = _utf8_size(pattern, param)
+                if size > limits.max_regex_bytes:
+                    long = f"has a {size}-byte pattern"
+                    raise _over(param, long, f"{limits.max_regex_bytes} bytes", "regex-bytes")
             stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
         elif isinstance(node, list):
             stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+
+
+def _utf8_size(text: str, param: str) -> int:
+    """The UTF-8 length of a spec or pattern; a lone surrogate (which a schema given as a string
+    may spell as an escape) has none, so it is refused rather than left to raise further on."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as exc:
+        char = text[exc.start]
+        raise InvalidRequestError(
+            f"the {param} structured-output constraint holds a lone surrogate "
+            f"(U+{ord(char):04X}), which is not valid Unicode",
+            param=param,
+        ) from None
 
 
 def _over(param: str, what: str, limit: str, flag: str) -> InvalidRequestError:

@@ -6,6 +6,7 @@ roles that would write into the template, and huge inputs that would hold every 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 from typing import Any
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 
 from services.gateway import serving
+from services.gateway.input_work import parse_json
 from services.gateway.openai_api import parse_chat_request, parse_completion_request
 from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError
 from shared.sampling import SamplingParams
+from shared.structured import GrammarLimits, check_limits
 from tests.test_gateway_http import INFO, eventually, serve, tokenizer  # noqa: F401
 
 USER = [{"role": "user", "content": "the capital of"}]
@@ -121,6 +124,63 @@ async def test_a_lone_surrogate_anywhere_in_a_body_is_a_400_naming_its_place(ser
     assert resp.status == 200 and len(backend.requests) == 1
 
 
+# A surrogate's UTF-8-style bytes (ED A0 80, ED BF BF) with no escape in sight: json.loads(bytes)
+# decodes them with "surrogatepass", which made "\ud800" where no escape check looked for one.
+RAW_SURROGATE_BODIES = [
+    b'{"model": "tiny", "prompt": "paris \xed\xa0\x80"}',
+    b'{"model": "tiny", "prompt": "hi", "guided_regex": "a\xed\xbf\xbf"}',
+    b'{"model": "tiny", "prompt": "hi", "guided_grammar": "root ::= \\"\xed\xa0\x80\\""}',
+    b'{"model": "tiny", "prompt": "hi", "guided_json": "{\\"pattern\\": \\"\xed\xa0\x80\\"}"}',
+    b'{"model": "tiny", "prompt": "hi", "guided_json": {"pattern": "\xed\xa0\x80"}}',
+]
+
+
+@pytest.mark.parametrize("raw", RAW_SURROGATE_BODIES)
+def test_surrogate_bytes_are_not_utf8_and_the_body_is_refused_as_json(raw):
+    with pytest.raises(InvalidRequestError) as info:
+        parse_json(raw)
+    assert info.value.code == "invalid_json" and "UTF-8" in info.value.message
+
+
+def test_a_body_is_utf8_json_and_nothing_else():
+    assert parse_json('{"prompt": "caf\u00e9"}'.encode()) == {"prompt": "caf\u00e9"}
+    assert parse_json(b'\xef\xbb\xbf{"prompt": "a"}') == {"prompt": "a"}  # a byte-order mark
+    for encoding in ("utf-16", "utf-16-le", "utf-32"):  # json.loads(bytes) would take these
+        with pytest.raises(InvalidRequestError, match="not valid JSON"):
+            parse_json('{"prompt": "a"}'.encode(encoding))
+
+
+async def test_surrogate_bytes_in_a_body_are_a_400_not_a_500(serve) -> None:
+    client, backend = await serve()
+    headers = {"Content-Type": "application/json"}
+    for raw in RAW_SURROGATE_BODIES:
+        resp = await client.post("/v1/completions", data=raw, headers=headers)
+        assert resp.status == 400, raw
+        assert (await resp.json())["error"]["code"] == "invalid_json"
+    assert backend.requests == []
+
+
+async def test_a_surrogate_escaped_inside_a_schema_string_is_a_400(serve) -> None:
+    # The body spells "\\ud800" (an escaped backslash), so the body's own surrogate check finds
+    # nothing: the surrogate appears when the schema string is parsed and its pattern measured.
+    schema = json.dumps({"type": "string", "pattern": "a\ud800"})
+    client, backend = await serve()
+    resp = await client.post("/v1/completions", json=_completion(guided_json=schema))
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error["param"] == "guided_json" and "surrogate" in error["message"]
+    assert backend.requests == []
+
+
+@pytest.mark.parametrize("kind", ["regex", "grammar", "json_schema"])
+def test_the_grammar_limits_check_refuses_a_lone_surrogate(kind):
+    # What the scheduler runs on a spec from any source: a 400, not a UnicodeEncodeError.
+    spec = {"json_schema": '{"pattern": "\\udfff"}'}.get(kind, "a\udfff")
+    with pytest.raises(InvalidRequestError, match="lone surrogate") as info:
+        check_limits(kind, spec, GrammarLimits(), param="guided")
+    assert info.value.param == "guided"
+
+
 def test_text_the_tokenizer_refuses_is_a_400_below_the_http_layer_too(tokenizer):
     error = _refusal(parse_completion_request, _completion(prompt="a\ud800"), tokenizer)
     assert error.param == "prompt" and "surrogate" in error.message
@@ -161,6 +221,27 @@ async def test_an_authorization_header_that_is_not_utf8_or_ascii_is_a_401(serve,
     assert json.loads(body)["error"]["code"] == "invalid_api_key"
     resp = await client.get("/v1/models", headers={"Authorization": "Bearer k"})
     assert resp.status == 200
+
+
+async def _status_with_authorization(client: Any, value: bytes) -> int:
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: "
+        + value
+        + b"\r\nConnection: close\r\n\r\n"
+    )
+    response = await reader.read()
+    writer.close()
+    return int(response.split(b" ", 2)[1])
+
+
+async def test_an_api_key_that_is_not_utf8_is_compared_as_the_bytes_it_was_given(serve) -> None:
+    # --api-key and $PAGEDSERVE_API_KEY are decoded with surrogateescape: the byte FF is "\udcff".
+    client, _ = await serve(api_key="k\udcff")
+    assert await _status_with_authorization(client, b"Bearer k\xff") == 200
+    assert await _status_with_authorization(client, b"Basic " + base64.b64encode(b"u:k\xff")) == 200
+    assert await _status_with_authorization(client, b"Bearer k") == 401
+    assert (await client.get("/v1/models", headers={"Authorization": "Bearer k"})).status == 401
 
 
 # ---- chat messages -----------------------------------------------------------------------------

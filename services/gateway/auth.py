@@ -32,7 +32,9 @@ def authorized(request: web.Request, key: str) -> bool:
         token = decoded.partition(b":")[2]
     else:
         return False
-    return hmac.compare_digest(token, key.encode())
+    # The key too: argv and the environment are decoded with surrogateescape, so a key that is
+    # not UTF-8 holds lone surrogates, which a strict encode would refuse on every request.
+    return hmac.compare_digest(token, key.encode("utf-8", "surrogateescape"))
 
 
 def browser_challenge() -> web.Response:

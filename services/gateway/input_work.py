@@ -54,10 +54,19 @@ class InputWork:
 def parse_json(raw: bytes) -> Any:
     """A request body as JSON, refused (400) when malformed or nested past MAX_JSON_DEPTH."""
     try:
-        value = json.loads(raw)
+        # Strict UTF-8 (what the OpenAI API takes), decoded here: json.loads(bytes) would decode
+        # surrogate bytes (ED A0 80) with "surrogatepass", and would accept UTF-16 and UTF-32.
+        # A UTF-8 byte-order mark is dropped, as json.loads(bytes) drops it.
+        text = raw.decode("utf-8-sig")
+        value = json.loads(text)
     except RecursionError:  # json's C decoder recurses once per level
         raise _too_deep() from None
-    except ValueError:  # also covers UnicodeDecodeError and ints past Python's 4,300 digits
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"the request body is not valid JSON: it is not UTF-8 (at byte {exc.start})",
+            code="invalid_json",
+        ) from None
+    except ValueError:  # also covers ints past Python's 4,300 digits
         raise InvalidRequestError(
             "the request body is not valid JSON", code="invalid_json"
         ) from None
@@ -65,7 +74,8 @@ def parse_json(raw: bytes) -> Any:
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
         raise _too_deep()
     # JSON may spell a lone surrogate ("\ud800"), which is no Unicode text: the tokenizer, UTF-8
-    # and msgpack all refuse it, wherever in the body it reached them. Only an escape makes one.
+    # and msgpack all refuse it, wherever in the body it reached them. Only an escape makes one
+    # (strict UTF-8 has no bytes for one).
     if _SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(value)) is not None:
         path, char = where
         raise InvalidRequestError(
