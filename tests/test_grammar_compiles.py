@@ -114,12 +114,17 @@ def test_a_compile_nobody_waits_for_any_more_is_stopped(tiny_model_dir) -> None:
     compiles = GrammarCompiles(store, timeout_s=300.0, answer=answer)
     try:
         compiles.submit(CompileGrammar(1, *enum_schema(4, num_values=20000), [20]))
-        store.forget(20)  # its request was aborted (the sequence freed by the next plan)
+        # Its request is aborted once the worker has it (~4 s of compiling; an abort before
+        # the thread takes it would only skip it, never reaching the kill).
+        assert compiles.compiling.wait(300)
+        compiles.forget([20])
         small = ("regex", "[0-9]{1,3}")
         compiles.submit(CompileGrammar(2, *small, [21]))
         assert one.wait(300)
         compiles.close()  # the queue drained: nothing more will be answered
         assert answers == [GrammarCompiled(2)]  # the slow one was neither finished nor answered
+        assert compiles.worker.num_cancelled == 1 and compiles.worker.num_started == 2
+        assert store.num_held == 1  # the small grammar, for sequence 21
         assert store.lookup(enum_schema(4, num_values=20000)) is None
     finally:
         compiles.close()

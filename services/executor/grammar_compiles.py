@@ -40,6 +40,7 @@ class GrammarCompiles:
         self._answer = answer  # called on this thread only (its own socket: zmq's rule)
         self._queue: queue.Queue[CompileGrammar | None] = queue.Queue()
         self._closing = threading.Event()
+        self.compiling = threading.Event()  # set while the worker runs a compile (for tests)
         self.worker: CompileWorker | None = None
         self._thread = threading.Thread(target=self._run, name="grammar-compiles", daemon=True)
         self._thread.start()
@@ -96,6 +97,7 @@ class GrammarCompiles:
                     self.timeout_s,
                     # Every request for it aborted: stop it, its core is the steps' again.
                     cancelled=lambda: self._closing.is_set() or not self.store.wanted(key, seq_ids),
+                    running=self.compiling,
                 )
             except CompileCancelled:
                 self.store.hold(key, seq_ids, None)

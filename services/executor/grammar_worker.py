@@ -16,6 +16,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -48,16 +49,26 @@ class CompileWorker:
         self._proc: subprocess.Popen | None = None
         self.num_started = 0
         self.num_killed = 0  # for overrunning their time
+        self.num_cancelled = 0  # killed mid-compile: nobody waited for it any more
 
     def compile(
-        self, kind: str, spec: str, timeout_s: float, cancelled: Callable[[], bool] = bool
+        self,
+        kind: str,
+        spec: str,
+        timeout_s: float,
+        cancelled: Callable[[], bool] = bool,
+        running: threading.Event | None = None,
     ) -> str:
-        """The compiled grammar as xgrammar's JSON (CompiledGrammar.serialize_json)."""
+        """The compiled grammar as xgrammar's JSON (CompiledGrammar.serialize_json); `running`
+        is set while the worker has it."""
         proc = self._start()
+        running = running or threading.Event()
         try:
             _write(proc.stdin, [kind, spec])
+            running.set()
             reply = _read(proc.stdout, time.monotonic() + timeout_s, cancelled)
         except CompileCancelled:
+            self.num_cancelled += 1
             self.close()
             raise
         except TimeoutError:
@@ -70,6 +81,8 @@ class CompileWorker:
         except (OSError, EOFError, ValueError) as exc:
             self.close()
             raise CompilerUnavailable(f"the grammar compiler failed: {exc}") from None
+        finally:
+            running.clear()
         ok, payload, rss = reply
         if rss > RECYCLE_RSS_BYTES:
             self.close()
