@@ -1,8 +1,8 @@
 """Mutation fuzzing of a real `pagedserve serve`: valid bodies from its own /openapi.json, each
 given one to three hostile edits (deep nesting, huge ints, lone surrogates, odd Unicode, wrong
 types, extreme numbers, duplicate and unknown keys, long strings, odd roles, huge logit_bias keys,
-floods of messages, cut JSON), and fuzzed Authorization header bytes, get no 5xx and an OpenAI
-error body on every 4xx.
+floods of messages, surrogates in structured-output specs, cut JSON), and fuzzed Authorization
+header bytes, get no 5xx and an OpenAI error body on every 4xx.
 
 PAGEDSERVE_FUZZ_BODIES sets the bodies (and header values) per endpoint; PAGEDSERVE_FUZZ_OUT=path
 writes the tally as JSON; `pytest -s` prints it as a table.
@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from shared.structured import GUIDED_FIELDS
 from tests.service.schema_strategy import from_schema
 from tests.service.stack_process import API_KEY, HEADERS, ServeProcess
 
@@ -193,6 +194,11 @@ def mutate(rng: random.Random, body: Any, names: list[str]) -> Any:
     elif name == "message_flood":
         count = rng.choice([2049, 5000, 20_000])  # distinct dicts: a later edit changes one
         top["messages"] = [{"role": "user", "content": "x"} for _ in range(count)]
+    elif name == "guided_surrogate":
+        for field in GUIDED_FIELDS:  # one structured-output field, so its spec is the one checked
+            top.pop(field, None)
+        field, spec = rng.choice(GUIDED_SURROGATES)
+        top[field] = copy.deepcopy(spec)
     elif name in ("duplicate_key", "unknown_key", "drop_key"):
         place = rng.choice(_dicts(body)) if _dicts(body) else ()
         target = _get(body, place) if place or isinstance(body, dict) else {}
@@ -212,7 +218,18 @@ def mutate(rng: random.Random, body: Any, names: list[str]) -> Any:
 
 STRUCTURE_MUTATIONS = [
     "odd_role", "huge_logit_bias", "message_flood", "duplicate_key", "unknown_key", "drop_key",
+    "guided_surrogate",
 ]  # fmt: skip
+# A surrogate in a structured-output spec, as bytes that are not UTF-8 (json.loads(bytes) once
+# took ED A0 80 as "\ud800") or escaped inside a schema string (seen only when that is parsed).
+GUIDED_SURROGATES = [
+    ("guided_regex", Raw(b'"a\xed\xa0\x80"')),
+    ("guided_grammar", Raw(b'"root ::= \\"\xed\xbf\xbf\\""')),
+    ("guided_json", Raw(b'"{\\"pattern\\": \\"\xed\xa0\x80\\"}"')),
+    ("guided_json", {"type": "string", "pattern": Raw(b'"\xed\xb2\x80"')}),
+    ("guided_json", json.dumps({"type": "string", "pattern": "a\ud800"})),
+    ("guided_choice", [Raw(b'"\xed\xa0\x80"')]),
+]
 
 
 def hostile_body(rng: random.Random, valid: Any, names: list[str]) -> bytes:
