@@ -30,7 +30,8 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--api-key",
         default=os.environ.get("PAGEDSERVE_API_KEY") or None,
-        help="require 'Authorization: Bearer KEY' (default: $PAGEDSERVE_API_KEY)",
+        help="require 'Authorization: Bearer KEY' (default: $PAGEDSERVE_API_KEY, which keeps the "
+        "key out of ps and /proc/PID/cmdline, where any local user reads a flag's value)",
     )
     group.add_argument(
         "--allow-unauthenticated",
