@@ -11,8 +11,8 @@ other on fresh stacks (no prefix cache shared between them).
         --json benchmarks/results/long_prompt_fairness.json
 
 Default settings: "old" (--max-num-batched-tokens 2048, no per-request cap: the defaults
-before) and "new" (the defaults now: 512 on a CPU, 256 prompt tokens per request while others
-decode), plus the budget of 512 without the cap, to tell the two changes apart.
+before), "cap256" and "cap32" (the per-request cap at 256 and 32 context-free tokens) and "new"
+(the defaults now: 512 on a CPU, 64 context-free prompt tokens per request while others decode).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from services.bench.server import wait_healthy  # noqa: E402
 
 SETTINGS = [
     "old=--max-num-batched-tokens 2048 --max-prefill-tokens-per-request 2048",
-    "512-no-cap=--max-num-batched-tokens 512 --max-prefill-tokens-per-request 512",
+    "cap256=--max-prefill-tokens-per-request 256",
+    "cap32=--max-prefill-tokens-per-request 32",
     "new=",
 ]
 

@@ -63,6 +63,17 @@ def test_chunks_deep_into_a_prompt_are_smaller_by_their_attention_cost():
     assert chunks[:4] == [16, 8, 7, 6]  # at contexts 0, 16, 24 and 31
 
 
+def test_the_cap_grows_to_the_number_of_decoding_sequences():
+    # Ten streams decode: a step already computes ten tokens, so a prompt may add as many.
+    scheduler = capped(cap=4, budget=64)
+    for i in range(10):
+        add(scheduler, f"s{i}", 2, max_tokens=40)
+    step(scheduler)
+    long = add(scheduler, "long", 60, first=20, max_tokens=2)
+    plan, _ = step(scheduler)
+    assert shares(plan)[long.seqs[0].seq_id] == 10
+
+
 def test_a_lone_long_prompt_still_takes_the_whole_budget():
     scheduler = capped(cap=8)
     long = add(scheduler, "long", 70, first=20, max_tokens=2)
@@ -83,14 +94,14 @@ def test_no_cap_and_a_cap_at_the_budget_leave_chunks_as_they_were():
 
 def test_defaults_depend_on_the_executors_device():
     config = SchedulerConfig()
-    assert (config.token_budget("cpu"), config.prefill_cap("cpu")) == (512, 256)
+    assert (config.token_budget("cpu"), config.prefill_cap("cpu")) == (512, 64)
     for device in ("cuda", "sim"):
         assert (config.token_budget(device), config.prefill_cap(device)) == (2048, None)
     explicit = SchedulerConfig(max_num_batched_tokens=2048, max_prefill_tokens_per_request=64)
     assert (explicit.token_budget("cpu"), explicit.prefill_cap("cuda")) == (2048, 64)
     ready = ExecutorReady(64, 16, 4, 128, 100, (2,), device_type="cpu")
     scheduler = Scheduler(config, ready)
-    assert (scheduler.token_budget, scheduler.prefill_cap) == (512, 256)
+    assert (scheduler.token_budget, scheduler.prefill_cap) == (512, 64)
     # Without chunked prefill no prompt is split, so there is nothing to cap.
     whole = Scheduler(replace(config, enable_chunked_prefill=False), ready)
     assert whole.prefill_cap is None

@@ -72,7 +72,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="while other sequences decode, the prompt tokens one request computes per step, at "
-        "most (default: 256 on a CPU, no cap on a GPU; the token budget turns it off)",
+        "most, counted context-free and never below the number of decoding sequences (default: 64 "
+        "on a CPU, no cap on a GPU; the token budget turns it off)",
     )
     sched.add_argument(
         "--no-chunked-prefill",

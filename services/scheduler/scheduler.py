@@ -423,10 +423,13 @@ class Scheduler:
 
     def _prefill_cap(self) -> int | None:
         """This step's cap on one request's prompt tokens: only while some running group
-        decodes, so that a long prompt does not stretch the step its streams wait on."""
-        if self.prefill_cap is None or not any(_is_decoding(g) for g in self.running):
+        decodes, so that a long prompt does not stretch the step its streams wait on. A step
+        that already computes one token for each of D decoding sequences may take up to D
+        prompt tokens per request (that at most doubles it): the cap binds with few streams."""
+        if self.prefill_cap is None:
             return None
-        return self.prefill_cap
+        decoding = sum(g.num_seats for g in self.running if _is_decoding(g))
+        return max(self.prefill_cap, decoding) if decoding else None
 
     def _share(self, group: SequenceGroup, budget: int, cap: int | None) -> int:
         """The part of the step's budget one group may take. The cap counts context-free
