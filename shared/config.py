@@ -154,7 +154,8 @@ class GrammarConfig:
     compile_timeout_s: float = 10.0
     cache_bytes: int = 256 << 20  # compiled grammars kept for reuse (xgrammar's own accounting)
     limits: GrammarLimits = field(default_factory=GrammarLimits)
-    # Requests waiting for a compile (one worker compiles them in turn); past it, a 429.
+    # Different grammars waiting for a compile (one worker compiles them in turn); a request
+    # for yet another one past it is answered 429 (one for a grammar already waited for is not).
     max_pending: int = 16
 
     def __post_init__(self) -> None:

@@ -200,16 +200,26 @@ def test_a_compiler_failure_is_a_503_and_an_invalid_spec_a_400() -> None:
     assert update.error["type"] == "invalid_request_error"
 
 
+def guided(pattern: str) -> SamplingParams:
+    return SamplingParams(max_tokens=50, guided=("regex", pattern))
+
+
 def test_grammar_requests_past_max_pending_are_refused_with_a_429() -> None:
     scheduler = Scheduler(SchedulerConfig(), READY, GrammarConfig(max_pending=2))
-    scheduler.add_request("a", [3, 4], GUIDED)
-    scheduler.add_request("b", [3, 4], GUIDED)
+    scheduler.add_request("a", [3, 4], guided("a+"))
+    scheduler.add_request("b", [3, 4], guided("b+"))
     with pytest.raises(RateLimitError, match="--max-pending-grammars") as refused:
-        scheduler.add_request("c", [3, 4], GUIDED)
+        scheduler.add_request("c", [3, 4], guided("c+"))
     assert refused.value.http_status == 429 and "c" not in scheduler.groups
     scheduler.add_request("plain", [3, 4], PLAIN)  # plain requests are not bounded by it
+    # Nor are requests for a grammar already waited for: they cost no compile of their own.
+    for i in range(5):
+        scheduler.add_request(f"a{i}", [3, 4], guided("a+"))
     scheduler.abort("a")
-    scheduler.add_request("c", [3, 4], GUIDED)  # room again
+    with pytest.raises(RateLimitError):  # a+ is still waited for (by a0..a4)
+        scheduler.add_request("c", [3, 4], guided("c+"))
+    scheduler.abort("b")
+    scheduler.add_request("c", [3, 4], guided("c+"))  # room again
 
 
 def test_the_gateway_answers_the_schedulers_new_errors_with_their_statuses() -> None:

@@ -123,8 +123,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     grammar.add_argument(
         "--max-pending-grammars", type=int, default=16,
-        help="requests that may wait for a grammar compile at once (compiles run one at a "
-        "time); more are answered 429",
+        help="different grammars that may wait for a compile at once (compiles run one at a "
+        "time); a request for another one is answered 429",
     )  # fmt: skip
     limits = GrammarLimits()
     grammar.add_argument(

@@ -37,6 +37,11 @@ class GrammarWaits:
     def __len__(self) -> int:
         return len(self._by_key)
 
+    def pending_specs(self) -> set[tuple[str, str]]:
+        """The distinct grammars waited for: requests that share one cost one compile (the
+        executor's cache answers the others)."""
+        return {w.group.sampling.guided for w in self._by_key.values()}
+
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._key_of
 

@@ -121,10 +121,11 @@ class Scheduler:
         if sampling.guided is not None:
             check_limits(*sampling.guided, self.grammar.limits)
             check_spec(*sampling.guided)
-            if len(self.grammar_waits) >= self.grammar.max_pending:
+            pending = self.grammar_waits.pending_specs()
+            if sampling.guided not in pending and len(pending) >= self.grammar.max_pending:
                 raise RateLimitError(
-                    f"{len(self.grammar_waits)} requests already wait for their grammar to "
-                    f"compile (this server's --max-pending-grammars); retry later",
+                    f"{len(pending)} different grammars already wait to be compiled (this "
+                    f"server's --max-pending-grammars); retry later",
                     param="guided",
                 )
         fields = [("logit_bias", [t for t, _ in sampling.logit_bias])]
