@@ -77,9 +77,21 @@ def test_the_cap_grows_to_the_number_of_decoding_sequences():
 def test_a_lone_long_prompt_still_takes_the_whole_budget():
     scheduler = capped(cap=8)
     long = add(scheduler, "long", 70, first=20, max_tokens=2)
-    add(scheduler, "other", 50, first=20, max_tokens=2)  # prompts only: nobody decodes
     plan, _ = step(scheduler)
     assert shares(plan) == {long.seqs[0].seq_id: 32}
+
+
+def test_a_request_arriving_beside_a_long_prompt_starts_at_once():
+    # Without the cap while requests wait, the long prompt would take every step's budget
+    # until it was done, and the newcomer's first token would wait for all of it.
+    scheduler = capped(cap=8)
+    long = add(scheduler, "long", 75, first=20, max_tokens=2)
+    step(scheduler)
+    short = add(scheduler, "short", 5, first=50, max_tokens=4)
+    plan, _ = step(scheduler)
+    assert shares(plan) == {long.seqs[0].seq_id: 8, short.seqs[0].seq_id: 5}
+    plan, _ = step(scheduler)  # the newcomer decodes: the long prompt stays capped
+    assert shares(plan) == {long.seqs[0].seq_id: 8, short.seqs[0].seq_id: 1}
 
 
 def test_no_cap_and_a_cap_at_the_budget_leave_chunks_as_they_were():

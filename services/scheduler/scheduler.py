@@ -76,6 +76,7 @@ class Scheduler:
         cap = config.prefill_cap(ready.device_type) if config.enable_chunked_prefill else None
         self.prefill_cap = cap if cap is not None and cap < self.token_budget else None
         self.context_cost_tokens = ready.context_cost_tokens
+        self._decoding_now = False  # some running sequence decodes in the step being planned
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
@@ -423,14 +424,17 @@ class Scheduler:
         return decoding + computing
 
     def _prefill_cap(self) -> int | None:
-        """This step's cap on one request's prompt tokens: only while some running group
-        decodes, so that a long prompt does not stretch the step its streams wait on. A step
-        that already computes one token for each of D decoding sequences may take up to D
-        prompt tokens per request (that at most doubles it): the cap binds with few streams."""
+        """This step's cap on one request's prompt tokens: while some running group decodes,
+        so that a long prompt does not stretch the step its streams wait on, and while requests
+        wait to start, so that a long prompt does not take the whole budget from their first
+        chunks until it is done. A step that already computes one token for each of D decoding
+        sequences may take up to D prompt tokens per request (that at most doubles it): the cap
+        binds with few streams."""
         if self.prefill_cap is None:
             return None
         decoding = sum(g.num_seats for g in self.running if _is_decoding(g))
-        return max(self.prefill_cap, decoding) if decoding else None
+        self._decoding_now = decoding > 0
+        return max(self.prefill_cap, decoding)
 
     def _share(self, group: SequenceGroup, budget: int, cap: int | None) -> int:
         """The part of the step's budget one group may take. The cap counts context-free
@@ -438,10 +442,21 @@ class Scheduler:
         for the same step time (ExecutorReady.context_cost_tokens)."""
         if cap is None or _is_decoding(group):
             return budget
+        if not (self._decoding_now or self._others_queued(group)):
+            return budget  # alone: the whole budget
         if self.context_cost_tokens:
             context = group.live_seqs()[0].num_computed_tokens
             cap = max(1, cap * self.context_cost_tokens // (self.context_cost_tokens + context))
         return min(budget, cap)
+
+    def _others_queued(self, group: SequenceGroup) -> bool:
+        """Whether a group other than this one waits to start or resume."""
+        heads = (
+            self.waiting[0] if self.waiting else None,
+            self.swapped[0] if self.swapped else None,
+        )
+        queued = len(self.waiting) + len(self.swapped)
+        return queued > 1 or (queued == 1 and group not in heads)
 
     def _swap_in(
         self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
