@@ -63,6 +63,18 @@ def test_chunks_deep_into_a_prompt_are_smaller_by_their_attention_cost():
     assert chunks[:4] == [16, 8, 7, 6]  # at contexts 0, 16, 24 and 31
 
 
+def test_a_lone_prompt_deep_into_its_context_takes_the_budget_context_free():
+    scheduler = capped(cap=8, context_cost_tokens=20)
+    long = add(scheduler, "long", 75, first=20, max_tokens=2)
+    seq = long.seqs[0]
+    chunks = []
+    while seq.num_computed_tokens < seq.prompt_len:
+        plan, _ = step(scheduler)
+        chunks.append(shares(plan)[seq.seq_id])
+    # 32 context-free tokens: 32 * 20 // (20 + c) at contexts 0, 32, 44 and 54
+    assert chunks[:4] == [32, 12, 10, 8] and sum(chunks) == 75
+
+
 def test_the_cap_grows_to_the_number_of_decoding_sequences():
     # Ten streams decode: a step already computes ten tokens, so a prompt may add as many.
     scheduler = capped(cap=4, budget=64)

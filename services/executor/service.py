@@ -16,6 +16,7 @@ import zmq
 from services.engine.args import add_engine_args, engine_config_from_args
 from services.executor.executor import Executor
 from services.executor.quantize_model import weight_bytes
+from shared.heap import freeze_startup_heap
 from shared.ipc import add_address_args, addresses_from_args, make_socket, recv_sync, send_sync
 from shared.model_source import resolve_model
 from shared.protocol import (
@@ -54,6 +55,7 @@ def serve(args: argparse.Namespace) -> int:
     beat.start()
     grammars = _GrammarAnswers(ctx, addresses.results, executor, config)
     send_sync(results, executor.ready())
+    freeze_startup_heap()
     log.info("executor ready: %s", executor.ready())
     if config.executor != "sim":
         log.info(

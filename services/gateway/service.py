@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from services.gateway.app import STATE, create_app
+    from shared.heap import freeze_startup_heap
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model), local_files_only=True)
     backend = _backend(args)
@@ -169,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def start_backend(app: web.Application) -> None:
         await backend.start()
+        freeze_startup_heap()
         if args.parent_pid is not None:
             app["orphan_watch"] = asyncio.create_task(_exit_when_orphaned(args.parent_pid))
         if args.reuse_port:

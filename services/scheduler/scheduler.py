@@ -437,13 +437,15 @@ class Scheduler:
         return max(self.prefill_cap, decoding)
 
     def _share(self, group: SequenceGroup, budget: int, cap: int | None) -> int:
-        """The part of the step's budget one group may take. The cap counts context-free
-        tokens: a chunk deep into a long prompt attends to all of it, so it gets fewer tokens
-        for the same step time (ExecutorReady.context_cost_tokens)."""
+        """The part of the step's budget one group may take. With a cap (CPU), chunks count
+        context-free tokens: a chunk deep into a long prompt attends to all of it, so it gets
+        fewer tokens for the same step time (ExecutorReady.context_cost_tokens); then no step
+        runs much longer than its budget's worth, and a request that arrives meanwhile waits
+        at most about one such step for its first chunk."""
         if cap is None or _is_decoding(group):
             return budget
         if not (self._decoding_now or self._others_queued(group)):
-            return budget  # alone: the whole budget
+            cap = budget  # alone: the whole budget (context-free)
         if self.context_cost_tokens:
             context = group.live_seqs()[0].num_computed_tokens
             cap = max(1, cap * self.context_cost_tokens // (self.context_cost_tokens + context))

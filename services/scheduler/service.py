@@ -26,6 +26,7 @@ from services.scheduler.scheduler import GroupUpdate, Scheduler
 from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
 from shared.errors import PagedServeError
+from shared.heap import freeze_startup_heap
 from shared.ipc import Addresses, add_address_args, addresses_from_args, make_socket, recv, send
 from shared.model_source import model_name
 from shared.peer_watch import PeerWatch
@@ -149,6 +150,7 @@ class SchedulerService:
                 self.model_name,
                 self.config.grammar.limits,
             )
+            freeze_startup_heap()
             log.info(
                 "scheduler ready: %d device blocks, %d cpu blocks",
                 ready.num_device_blocks,
