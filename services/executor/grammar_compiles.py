@@ -66,6 +66,12 @@ class GrammarCompiles:
 
     def _run(self) -> None:
         try:
+            # Built now, at start-up: it is about a second of Python (the GIL held against the
+            # step loop), which the first grammar request would otherwise cost every stream.
+            self.store.tokenizer_info()
+        except Exception:  # noqa: BLE001 - the first compile tries again and reports it
+            log.exception("could not build the tokenizer info for grammars")
+        try:
             while (request := self._queue.get()) is not None:
                 try:
                     self._serve(request)
