@@ -110,7 +110,10 @@ def check_spec(kind: str, spec: str) -> None:
         elif kind == "regex":
             xgrammar.Grammar.from_regex(spec)
         elif kind == "choice":
-            xgrammar.Grammar.from_ebnf(choice_ebnf(spec))
+            # A list of non-empty JSON strings is always a valid grammar (JSON string literals
+            # are EBNF literals), and parsing one of 10,000 choices takes xgrammar 2.5 s with
+            # the GIL held: checking the list is enough.
+            choice_ebnf(spec)
         elif kind == "grammar":
             xgrammar.Grammar.from_ebnf(spec)
     except InvalidRequestError:
