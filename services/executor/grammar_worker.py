@@ -26,6 +26,10 @@ import msgpack
 STARTUP_TIMEOUT_S = 300.0  # importing xgrammar (and torch) takes seconds on a loaded machine
 RECYCLE_RSS_BYTES = 1 << 30  # a worker that grew past this is replaced after its compile
 POLL_S = 0.1  # how soon a compile nobody waits for any more is stopped
+# A compile nobody waits for any more is killed only once it has run this long: a younger one
+# is likely done soon (and its grammar is cached for a retry), while a kill costs a new worker
+# seconds of start-up, in which every other grammar request waits.
+CANCEL_AFTER_S = 1.0
 _HEADER = struct.Struct("<Q")
 
 
@@ -63,10 +67,15 @@ class CompileWorker:
         is set while the worker has it."""
         proc = self._start()
         running = running or threading.Event()
+        started = time.monotonic()
+
+        def given_up() -> bool:
+            return time.monotonic() - started >= CANCEL_AFTER_S and cancelled()
+
         try:
             _write(proc.stdin, [kind, spec])
             running.set()
-            reply = _read(proc.stdout, time.monotonic() + timeout_s, cancelled)
+            reply = _read(proc.stdout, started + timeout_s, given_up)
         except CompileCancelled:
             self.num_cancelled += 1
             self.close()
