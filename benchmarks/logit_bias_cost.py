@@ -41,9 +41,6 @@ from shared.sampling import SamplingParams  # noqa: E402
 class PerEntryStates(SamplingStates):
     """The executor before: logit_bias rebuilt entry by entry every step."""
 
-    def _add_bias(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
-        pass
-
     def _add_edits(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
         rows: list[int] = []
         tokens: list[int] = []

@@ -246,7 +246,6 @@ class SamplingStates:
             num_logprobs=min(max(asked), vocab) if asked else -1,
         )
         self._add_penalties(batch, states)
-        self._add_bias(batch, states)
         self._add_edits(batch, states)
         self._add_grammar(batch, states)
         return batch
@@ -283,21 +282,18 @@ class SamplingStates:
         row = torch.zeros(self.vocab_size, dtype=torch.float32, device=self.device)
         return LogitBias(row.index_put_((ids,), values))
 
-    def _add_bias(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
-        """Dense logit_bias rows: one add of whole rows (sparse ones are edits)."""
-        rows = [i for i, s in enumerate(states) if s.bias is not None and s.bias.row is not None]
-        if rows:
-            batch.bias_rows = host_to_device(torch.tensor(rows), self.device)
-            batch.bias = torch.stack([states[i].bias.row for i in rows])
-
     def _add_edits(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
-        """Sparse logit_bias, and -inf on eos and stop tokens for rows still short of
-        min_tokens: (row, token, value) triples, in Python per row, never per bias entry."""
-        sparse = [i for i, s in enumerate(states) if s.bias is not None and s.bias.row is None]
+        """logit_bias (dense rows as one add of whole rows, sparse ones as edits), and -inf on
+        eos and stop tokens for rows still short of min_tokens: one pass in Python per row,
+        never per bias entry."""
+        dense: list[int] = []
+        sparse: list[int] = []
         rows: list[int] = []
         tokens: list[int] = []
         values: list[float] = []
         for i, state in enumerate(states):
+            if state.bias is not None:
+                (sparse if state.bias.row is None else dense).append(i)
             p = state.params
             if state.num_outputs < p.min_tokens:
                 banned = set(p.stop_token_ids)
@@ -307,6 +303,9 @@ class SamplingStates:
                     rows.append(i)
                     tokens.append(token)
                     values.append(float("-inf"))
+        if dense:
+            batch.bias_rows = host_to_device(torch.tensor(dense), self.device)
+            batch.bias = torch.stack([states[i].bias.row for i in dense])
         if not rows and not sparse:
             return
         edits = host_to_device(torch.tensor([rows, tokens], dtype=torch.int64), self.device)

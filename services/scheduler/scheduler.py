@@ -76,7 +76,6 @@ class Scheduler:
         cap = config.prefill_cap(ready.device_type) if config.enable_chunked_prefill else None
         self.prefill_cap = cap if cap is not None and cap < self.token_budget else None
         self.context_cost_tokens = ready.context_cost_tokens
-        self._decoding_now = False  # some running sequence decodes in the step being planned
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
@@ -312,7 +311,7 @@ class Scheduler:
             # Its counters would count the step in flight as not computed and plan it again.
             raise RuntimeError("schedule() while a step is in flight: await its result first")
         budget = self.token_budget
-        cap = self._prefill_cap()
+        cap, decoding = self._prefill_cap()
         entries: list[_Entry] = []
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
@@ -324,7 +323,7 @@ class Scheduler:
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
                 continue  # preempted (or ended) earlier in this step
-            writes = self._plan_writes(group, self._share(group, budget, cap))
+            writes = self._plan_writes(group, self._share(group, budget, cap, decoding))
             if writes is None:
                 continue
             while not self._can_write(writes):
@@ -357,7 +356,7 @@ class Scheduler:
             )
             resume = self._swap_in if swapped_first else self._admit
             head = self.swapped[0] if swapped_first else self.waiting[0]
-            used = resume(self._share(head, budget, cap), entries, swap_in)
+            used = resume(self._share(head, budget, cap, decoding), entries, swap_in)
             if used is None:
                 break
             budget -= used
@@ -425,20 +424,19 @@ class Scheduler:
             (decoding if _is_decoding(group) else computing).append(group)
         return decoding + computing
 
-    def _prefill_cap(self) -> int | None:
+    def _prefill_cap(self) -> tuple[int | None, bool]:
         """This step's cap on one request's prompt tokens: while some running group decodes,
         so that a long prompt does not stretch the step its streams wait on, and while requests
         wait to start, so that a long prompt does not take the whole budget from their first
         chunks until it is done. A step that already computes one token for each of D decoding
         sequences may take up to D prompt tokens per request (that at most doubles it): the cap
-        binds with few streams."""
+        binds with few streams. Also whether any sequence decodes this step."""
         if self.prefill_cap is None:
-            return None
+            return None, False
         decoding = sum(g.num_seats for g in self.running if _is_decoding(g))
-        self._decoding_now = decoding > 0
-        return max(self.prefill_cap, decoding)
+        return max(self.prefill_cap, decoding), decoding > 0
 
-    def _share(self, group: SequenceGroup, budget: int, cap: int | None) -> int:
+    def _share(self, group: SequenceGroup, budget: int, cap: int | None, decoding: bool) -> int:
         """The part of the step's budget one group may take. With a cap (CPU), chunks count
         context-free tokens: a chunk deep into a long prompt attends to all of it, so it gets
         fewer tokens for the same step time (ExecutorReady.context_cost_tokens); then no step
@@ -446,7 +444,7 @@ class Scheduler:
         at most about one such step for its first chunk."""
         if cap is None or _is_decoding(group):
             return budget
-        if not (self._decoding_now or self._others_queued(group)):
+        if not (decoding or self._others_queued(group)):
             cap = budget  # alone: the whole budget (context-free)
         if self.context_cost_tokens:
             context = group.live_seqs()[0].num_computed_tokens
