@@ -51,6 +51,9 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # True, False (transformers' heuristic) or "never"
+    # vLLM's request priority: lower is served first. Only the `priority` scheduling policy reads
+    # it; under FCFS a non-zero value is refused rather than silently ignored.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         _require_int("n", self.n, 1, MAX_SAMPLES)
@@ -97,6 +100,7 @@ class SamplingParams:
                         param=name,
                     )
         _check_beam_search(self)
+        _require_int("priority", self.priority, -INT32_MAX - 1, INT32_MAX)
 
     @property
     def greedy(self) -> bool:

@@ -17,7 +17,7 @@ SAMPLING_FIELDS = (
     "n", "max_tokens", "temperature", "top_p", "top_k", "seed",
     "stop_token_ids", "ignore_eos", "logprobs", "min_p", "min_tokens",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "best_of",
-    "use_beam_search", "length_penalty", "early_stopping",
+    "use_beam_search", "length_penalty", "early_stopping", "priority",
 )  # fmt: skip
 
 

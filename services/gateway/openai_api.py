@@ -240,6 +240,7 @@ def _sampling(
         "use_beam_search": beam,
         "length_penalty": body.get("length_penalty"),
         "early_stopping": body.get("early_stopping"),
+        "priority": body.get("priority"),
     }
     # null means "the default", which SamplingParams supplies; it validates the rest itself.
     return SamplingParams(**{k: v for k, v in values.items() if v is not None})

@@ -62,6 +62,12 @@ COMMON: dict[str, dict[str, Any]] = {
     },
     "length_penalty": {**_NUM, "description": "beam score = cumulative logprob / length ** x"},
     "early_stopping": {"oneOf": [_BOOL, {"enum": ["never"]}]},
+    "priority": {
+        **_INT,
+        "minimum": -(2**31),
+        "maximum": 2**31 - 1,
+        "description": "lower is served first; needs --scheduling-policy priority",
+    },
 }
 
 COMPLETION_ONLY: dict[str, dict[str, Any]] = {
