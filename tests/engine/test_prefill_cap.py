@@ -9,9 +9,9 @@ from services.engine.llm_engine import LLMEngine
 from services.scheduler.scheduler import Scheduler
 from shared.config import SchedulerConfig
 from shared.protocol import ExecutorReady
+from tests.engine.test_engine_greedy import _run
 from tests.factories import engine_config
-from tests.test_engine_greedy import _run
-from tests.test_scheduler import add, make_scheduler, step
+from tests.unit.scheduler.test_scheduler import add, make_scheduler, step
 
 
 def capped(cap: int | None, budget: int = 32, context_cost_tokens: int = 0) -> Scheduler:

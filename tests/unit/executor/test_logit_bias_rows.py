@@ -8,7 +8,7 @@ from services.executor.counter_rng import row_key
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates
 from shared.sampling import SamplingParams
-from tests.test_sampler import EOS, VOCAB, _logits, reference_draw
+from tests.unit.executor.test_sampler import EOS, VOCAB, _logits, reference_draw
 
 PROMPT = [4, 7, 7, 11, 12]
 # Names a quarter of the 40-token vocabulary or more: a dense row. Smaller biases stay sparse.

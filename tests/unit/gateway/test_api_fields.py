@@ -12,7 +12,7 @@ from services.gateway.openai_api import parse_chat_request, parse_completion_req
 from services.gateway.openapi import openapi_spec
 from services.gateway.request_fields import COMMON, UNSUPPORTED
 from shared.errors import InvalidRequestError
-from tests.test_gateway_http import CHAT, INFO, serve, tokenizer  # noqa: F401 - fixtures
+from tests.unit.gateway.test_gateway_http import CHAT, INFO, serve, tokenizer  # noqa: F401 - fixtures
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
@@ -188,7 +188,7 @@ async def test_unsupported_field_over_http_is_an_openai_error(serve):
 
 
 async def test_stop_strings_wait_for_min_tokens(serve, tokenizer):
-    from tests.test_gateway_http import REPLY
+    from tests.unit.gateway.test_gateway_http import REPLY
 
     client, _ = await serve()
     reply_ids = tokenizer.encode(REPLY)

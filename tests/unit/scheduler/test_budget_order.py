@@ -12,7 +12,14 @@ from dataclasses import replace
 
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.sequence import SeqStatus, SequenceGroup
-from tests.test_scheduler import TOKEN, add, make_scheduler, rows, run_until_done, step
+from tests.unit.scheduler.test_scheduler import (
+    TOKEN,
+    add,
+    make_scheduler,
+    rows,
+    run_until_done,
+    step,
+)
 
 
 def scheduler_with(budget_order: str, **kwargs) -> Scheduler:
