@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 
-from services.bench.commands import (
+from services.bench.latency import summarize
+from services.bench.policy_runs import (
     PAPER_TOKEN_STATES,
     engine_for,
     make_trace,
     run_setup,
     write_json,
 )
-from services.bench.latency import summarize
 from services.bench.traces import trace_stats
 from services.scheduler.kv_accounting import KINDS
 

@@ -7,14 +7,14 @@ import asyncio
 import math
 import sys
 
-from services.bench.commands import (
+from services.bench.latency import max_sustainable_rate, summarize
+from services.bench.policy_runs import (
     PAPER_RATE_RATIOS,
     engine_for,
     make_trace,
     run_setup,
     write_json,
 )
-from services.bench.latency import max_sustainable_rate, summarize
 from services.bench.traces import trace_stats
 
 

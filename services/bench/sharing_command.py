@@ -12,12 +12,12 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from services.bench.commands import write_json
 from services.bench.memory_saving import (
     add_memory_saving_args,
     run_memory_saving,
     without_prefix_caching,
 )
+from services.bench.policy_runs import write_json
 from services.bench.prefix_bench import add_prefix_args, header, run_prefix_caching
 from services.engine.args import add_engine_args, engine_config_from_args
 
