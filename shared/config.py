@@ -104,6 +104,10 @@ class SchedulerConfig:
     # nothing of N's result but its sampled tokens, which the executor fills in itself
     # (services/scheduler/lookahead.py); the host's work then hides behind the device's.
     async_scheduling: bool = True
+    # Who is served first and who yields under memory pressure: "fcfs" (the paper's) or
+    # "priority" (the request's priority, then FCFS); the names and their checks live in
+    # services/scheduler/policies.py, where the scheduler builds the policy.
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from services.scheduler.policies import SCHEDULING_POLICIES
 from shared.config import (
     CacheConfig,
     EngineConfig,
@@ -88,6 +89,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=["decode-first", "arrival"],
         help="token budget: decoding sequences first, then prompt chunks by arrival (default), "
         "or running groups strictly by arrival",
+    )
+    sched.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=list(SCHEDULING_POLICIES),
+        help="fcfs: first come, first served (the paper's); priority: the request's priority "
+        "field first (lower is served first, the lowest yields first), then arrival",
     )
     sched.add_argument(
         "--kv-policy",
@@ -206,6 +214,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             enable_prefix_caching=args.prefix_caching,
             budget_order=args.budget_order,
             async_scheduling=args.async_scheduling,
+            scheduling_policy=args.scheduling_policy,
         ),
         executor=args.executor,
         sim=SimConfig(
@@ -249,6 +258,7 @@ def engine_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         "--attention-backend", args.attention_backend,
         "--quantization", args.quantization,
         "--budget-order", args.budget_order,
+        "--scheduling-policy", args.scheduling_policy,
         "--tensor-parallel-size", str(args.tensor_parallel_size),
         "--tp-master-addr", args.tp_master_addr,
         "--executor", args.executor,

@@ -1,13 +1,14 @@
-"""The policy: FCFS admission, iteration-level batching under a token budget, group preemption.
+"""The scheduler: iteration-level batching under a token budget, admission and group preemption.
 
-One scheduling model for every sequence: the tokens whose K/V are cached (num_computed_tokens)
-against all its tokens. A step gives each running sequence its uncomputed tokens (1 when decoding,
-a chunk of the prompt when prefilling), so prefills and decodes share one batch.
+Who goes first and who yields is the scheduling policy's (policy.py, FCFS by default); every
+queue here is kept in its order. One scheduling model for every sequence: the tokens whose K/V
+are cached (num_computed_tokens) against all its tokens. A step gives each running sequence its
+uncomputed tokens (1 when decoding, a chunk of the prompt when prefilling), so prefills and
+decodes share one batch.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from services.scheduler.block_manager import BlockManager
 from services.scheduler.grammar_wait import ANSWER_GRACE_S, GrammarWaits
 from services.scheduler.kv_policy import make_block_manager
 from services.scheduler.lookahead import lookahead_seqs
+from services.scheduler.policies import make_policy
 from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from shared.config import GrammarConfig, SchedulerConfig
@@ -81,12 +83,12 @@ class Scheduler:
         self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
         self.block_manager: BlockManager = self._make_block_manager(ready)
         self.watermark_blocks = int(config.watermark * ready.num_device_blocks)
+        self.policy = make_policy(config.scheduling_policy)
 
-        self.waiting: deque[SequenceGroup] = (
-            deque()
-        )  # FCFS; recompute-preempted groups rejoin in order
-        self.running: list[SequenceGroup] = []  # arrival order
-        self.swapped: list[SequenceGroup] = []  # arrival order
+        # All three in the policy's order; recompute-preempted groups rejoin `waiting` in it.
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
         self.groups: dict[str, SequenceGroup] = {}
         self._inflight: dict[int, list[_Entry]] = {}  # step_id -> what that plan scheduled
         self._inflight_victims: dict[int, list[SequenceGroup]] = {}  # step_id -> swapped out
@@ -111,6 +113,7 @@ class Scheduler:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="id")
         self.validate_prompt(prompt_token_ids)
         self.block_manager.validate_request(sampling)
+        self.policy.check_request(sampling)
         if sampling.num_samples > self.config.max_num_seqs:
             param = "best_of" if sampling.best_of else "n"
             raise InvalidRequestError(
@@ -153,7 +156,7 @@ class Scheduler:
         if sampling.guided is not None:
             self.grammar_waits.hold(group)
         else:
-            self.waiting.append(group)
+            self.policy.enqueue(self.waiting, group)
         return group
 
     # ---- grammars -----------------------------------------------------------------------------
@@ -169,7 +172,7 @@ class Scheduler:
     def grammar_compiled(
         self, key: int, error: str | None, error_type: str = InvalidRequestError.error_type
     ) -> GroupUpdate | None:
-        """The executor's answer: the request joins the waiting queue in arrival order, or ends
+        """The executor's answer: the request joins the waiting queue in policy order, or ends
         alone with an invalid_request_error (its spec's fault) or a service_unavailable_error
         (the compiler's). None for an answer nobody waits for any more."""
         group = self.grammar_waits.answered(key)
@@ -179,8 +182,7 @@ class Scheduler:
             server_side = error_type == ServiceUnavailableError.error_type
             failed = ServiceUnavailableError if server_side else InvalidRequestError
             return self._end_with_error(group, failed(error, param="guided"))
-        position = bisect.bisect(list(self.waiting), group.arrival, key=lambda g: g.arrival)
-        self.waiting.insert(position, group)
+        self.policy.enqueue(self.waiting, group)
         return None
 
     def expire_grammar_waits(self) -> list[GroupUpdate]:
@@ -252,13 +254,13 @@ class Scheduler:
 
     def requeue_all(self, ready: ExecutorReady) -> None:
         """A new executor with empty pools replaced a dead one: every unfinished group is
-        recomputed from its prompt and the tokens it has emitted, in arrival order.
+        recomputed from its prompt and the tokens it has emitted, in policy order.
 
         The plan in flight is forgotten (its tokens were never reported). Sequences are announced
         again, with their sample index and prompt length, so the new executor's seeded draws
         repeat the old one's.
         """
-        groups = sorted([*self.running, *self.swapped, *self.waiting], key=lambda g: g.arrival)
+        groups = self.policy.ordered([*self.running, *self.swapped, *self.waiting])
         compiling = self.grammar_waits.clear()
         self.block_manager = self._make_block_manager(ready)
         for group in groups:
@@ -270,7 +272,7 @@ class Scheduler:
             group.set_status(SeqStatus.WAITING)
         # The new executor has no grammars: every structured-output request waits for its
         # compile again (all its live sequences will need a matcher there).
-        for group in sorted(compiling + groups, key=lambda g: g.arrival):
+        for group in self.policy.ordered(compiling + groups):
             if group.sampling.guided is not None:
                 self.grammar_waits.hold(group)
         groups = [g for g in groups if g.sampling.guided is None]
@@ -327,14 +329,14 @@ class Scheduler:
             if writes is None:
                 continue
             while not self._can_write(writes):
-                victim = self.running[-1]
+                victim = self.policy.victim(self.running)
                 if victim is group and len(self.running) == 1:
                     self.running.pop()  # alone and still too big for the whole pool
                     self._end_for_capacity(group)
                     break
                 if victim in scheduled:
-                    # Only under decode-first (in arrival order the victim, the newest group,
-                    # is never served before the group asking): a prompt chunk does not take
+                    # Only under decode-first (in policy order the victim, the last group, is
+                    # never served before the group asking): a prompt chunk does not take
                     # the blocks of a stream already given its token; it waits a step.
                     break
                 if self._preempt(victim, swap_out):
@@ -346,14 +348,11 @@ class Scheduler:
                 budget -= self._write(group, writes, entries)
                 scheduled.add(group)
 
-        # The paper's rule: while any group is preempted, admit no new one. Preempted groups come
-        # back in arrival order whichever way they left (swapped, or recomputed at the head of
-        # `waiting`); never-run groups are newer than all of them, so one merge of the two
-        # queues by arrival is FCFS.
-        while not preempted and (self.swapped or self.waiting):
-            swapped_first = bool(self.swapped) and (
-                not self.waiting or self.swapped[0].arrival < self.waiting[0].arrival
-            )
+        # Preempted groups come back in policy order whichever way they left (swapped, or
+        # recomputed into `waiting`): one merge of the two queues by the policy's key.
+        may_start = not preempted or self.policy.admits_after_preemption()
+        while may_start and (self.swapped or self.waiting):
+            swapped_first = self.policy.swapped_first(self.swapped, self.waiting)
             resume = self._swap_in if swapped_first else self._admit
             head = self.swapped[0] if swapped_first else self.waiting[0]
             used = resume(self._share(head, budget, cap, decoding), entries, swap_in)
@@ -398,9 +397,7 @@ class Scheduler:
     def _could_start_queued(self) -> bool:
         """Whether schedule() might admit or swap in the head of the queues now. Errs towards
         True (a synchronous step is only slower; a wrong False would delay the request)."""
-        swapped_first = bool(self.swapped) and (
-            not self.waiting or self.swapped[0].arrival < self.waiting[0].arrival
-        )
+        swapped_first = self.policy.swapped_first(self.swapped, self.waiting)
         group = self.swapped[0] if swapped_first else self.waiting[0]
         decoding = sum(len(g.live_seqs()) for g in self.running)
         if not self._has_seats(group) or self.token_budget - decoding <= 0:
@@ -415,7 +412,7 @@ class Scheduler:
     def _budget_order(self) -> list[SequenceGroup]:
         """Running groups in the order they draw on the token budget. decode-first: groups whose
         every sequence needs one token, then the rest (prompt chunks, recomputes), each part in
-        arrival order; so a burst of prefill never delays a running stream's next token."""
+        policy order; so a burst of prefill never delays a running stream's next token."""
         if self.config.budget_order == "arrival":
             return list(self.running)
         decoding: list[SequenceGroup] = []
@@ -481,7 +478,7 @@ class Scheduler:
         self.swapped.pop(0)
         swap_in.extend(self.block_manager.swap_in(seq_ids))
         group.set_status(SeqStatus.RUNNING)
-        bisect.insort(self.running, group, key=lambda g: g.arrival)
+        self.policy.enqueue(self.running, group)
         return self._write(group, writes, entries)
 
     def _admit(
@@ -514,7 +511,7 @@ class Scheduler:
         self.prefix_reuse.take(self.block_manager, group, reused)
         self.block_manager.admit(group)
         group.set_status(SeqStatus.RUNNING)
-        bisect.insort(self.running, group, key=lambda g: g.arrival)
+        self.policy.enqueue(self.running, group)
         return self._write(group, writes, entries)
 
     def update(self, result: StepResult) -> list[GroupUpdate]:
@@ -649,7 +646,7 @@ class Scheduler:
         if self.config.preemption_mode == "swap" and blocks <= self.block_manager.cpu.num_free:
             swap_out.extend(self.block_manager.swap_out(seq_ids))
             group.set_status(SeqStatus.SWAPPED)
-            bisect.insort(self.swapped, group, key=lambda g: g.arrival)
+            self.policy.enqueue(self.swapped, group)
             return True
         self._requeue_for_recompute(group)
         return False
@@ -661,8 +658,7 @@ class Scheduler:
             self.block_manager.free(seq.seq_id)
             seq.num_computed_tokens = 0
         group.set_status(SeqStatus.WAITING)
-        position = bisect.bisect(list(self.waiting), group.arrival, key=lambda g: g.arrival)
-        self.waiting.insert(position, group)
+        self.policy.enqueue(self.waiting, group)
 
     def _make_plan(
         self,
