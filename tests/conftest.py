@@ -22,6 +22,9 @@ if not torch.cuda.is_available():
 
 from tests.factories import make_tiny_llama, random_prompts
 
+# Fixtures shared by tiers that live in different folders (the gateway app over a fake backend).
+pytest_plugins = ["tests.support.gateway_fixtures"]
+
 VOCAB = 384
 # Mixed lengths from 1 to 200: single tokens, block boundaries (16, 32), partial blocks.
 PROMPT_LENGTHS = [1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 150, 200]

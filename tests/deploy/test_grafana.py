@@ -11,7 +11,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.compose_file import load_services
-from tests.unit.gateway.test_gateway_http import CHAT, serve, tokenizer  # noqa: F401  (fixtures)
+from tests.support.gateway_fakes import CHAT
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "pagedserve.json"

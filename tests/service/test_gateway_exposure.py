@@ -17,7 +17,7 @@ import pytest
 
 from services.gateway.service import check_exposure
 from tests.service.stack_process import API_KEY, HEADERS, ServeProcess, free_port
-from tests.unit.gateway.test_gateway_http import eventually
+from tests.support.polling import eventually
 
 
 def _args(host: str, api_key: str | None = None, allow: bool = False) -> argparse.Namespace:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.service.stack_process import HEADERS, ServeProcess, stream, wait_metric
-from tests.unit.gateway.test_gateway_http import eventually
+from tests.support.polling import eventually
 
 # Tens of seconds to compile even for the tiny model's vocabulary (one core); far past the
 # default limits, which the stack raises so that it gets as far as the compile.

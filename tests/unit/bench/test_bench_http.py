@@ -8,7 +8,7 @@ from services.bench.http_load import run_load, scrape_kv_fractions
 from services.bench.traces import TraceRequest
 from services.gateway.app import create_app
 from tests.factories import make_tiny_tokenizer
-from tests.unit.gateway.test_gateway_http import FakeBackend
+from tests.support.gateway_fakes import FakeBackend
 
 
 async def test_run_load_streams_every_request_at_its_arrival() -> None:

@@ -12,7 +12,7 @@ from services.gateway.openai_api import parse_chat_request, parse_completion_req
 from services.gateway.openapi import openapi_spec
 from services.gateway.request_fields import COMMON, UNSUPPORTED
 from shared.errors import InvalidRequestError
-from tests.unit.gateway.test_gateway_http import CHAT, INFO, serve, tokenizer  # noqa: F401 - fixtures
+from tests.support.gateway_fakes import CHAT, INFO
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

@@ -16,7 +16,8 @@ import uvloop
 from services.gateway.app import STATE, create_app
 from services.gateway.connection_guard import ConnectionGuard
 from services.gateway.http_server import ConnectionLimits, listen, make_runner
-from tests.unit.gateway.test_gateway_http import FakeBackend, eventually, tokenizer  # noqa: F401  (fixture)
+from tests.support.gateway_fakes import FakeBackend
+from tests.support.polling import eventually
 
 MARGIN_S = 5.0  # generous: the outcome matters, not the exact time
 NEVER_S = 3600.0  # a limit that does not run out during a test

@@ -4,176 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from services.gateway import serving
 from services.gateway.app import create_app
-from services.gateway.backend import BackendGone
-from shared.protocol import (
-    ExecutorReady,
-    GenerateRequest,
-    RequestDelta,
-    SampledToken,
-    SchedulerReady,
-    SchedulerStats,
-    SeqDelta,
+from tests.support.gateway_fakes import (
+    CHAT,
+    INFO,
+    REPLY,
+    FakeBackend,
+    chat,
+    completion,
+    post_sse,
 )
-from tests.factories import make_tiny_tokenizer
-
-INFO = SchedulerReady(
-    executor=ExecutorReady(
-        num_device_blocks=64,
-        num_cpu_blocks=0,
-        block_size=16,
-        max_model_len=512,
-        vocab_size=384,
-        eos_token_ids=(2,),
-    ),
-    max_num_seqs=16,
-    model_name="tiny",
-)
-REPLY = " the capital of france is paris"
-CHAT = [{"role": "user", "content": "what is the capital of france"}]
-
-
-class FakeBackend:
-    """Replies with fixed token sequences (sample i gets replies[i % len]), one per step."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.replies = [tokenizer.encode(REPLY)]
-        self.is_ready = True
-        self.delay = 0.002  # seconds before each delta
-        self.reject: dict[str, Any] | None = None  # answer with this error and finish
-        self.gone_after: int | None = None  # raise BackendGone before this delta
-        self.fail_after: int | None = None  # end every sample with "error" at this delta
-        self.crash: Exception | None = None  # raise this from generate()
-        self.hold_first = False  # never send the first delta (a request stuck in the queue)
-        self.current_stats = SchedulerStats(
-            num_running=2,
-            num_waiting=0,
-            num_swapped=0,
-            kv_blocks_used=16,
-            kv_blocks_total=64,
-            num_preemptions=3,
-            num_steps=10,
-        )
-        self.requests: list[GenerateRequest] = []
-        self.aborted: list[str] = []
-
-    @property
-    def ready(self) -> bool:
-        return self.is_ready
-
-    @property
-    def info(self) -> SchedulerReady | None:
-        return INFO
-
-    @property
-    def stats(self) -> SchedulerStats | None:
-        return self.current_stats
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestDelta]:
-        self.requests.append(request)
-        rid, sp = request.request_id, request.sampling
-        if self.crash is not None:
-            raise self.crash
-        if self.reject is not None:
-            yield RequestDelta(rid, [], finished=True, error=self.reject)
-            return
-        if self.hold_first:
-            await asyncio.sleep(3600)
-        replies = [self.replies[i % len(self.replies)][: sp.max_tokens] for i in range(sp.n)]
-        steps = max(len(r) for r in replies)
-        for step in range(steps):
-            await asyncio.sleep(self.delay)
-            if self.gone_after is not None and step >= self.gone_after:
-                raise BackendGone("the scheduler died")
-            if self.fail_after is not None and step >= self.fail_after:
-                seqs = [SeqDelta(i, [], finish_reason="error") for i in range(sp.n)]
-                yield RequestDelta(rid, seqs, True)
-                return
-            seqs = []
-            for i, reply in enumerate(replies):
-                if step >= len(reply):
-                    continue
-                reason = None
-                if step == len(reply) - 1:
-                    reason = "length" if len(reply) == sp.max_tokens else "stop"
-                token = reply[step]
-                logprobs = []
-                if sp.logprobs is not None:
-                    top = [(token, -0.5), (7, -1.5), (8, -2.5)][: sp.logprobs]
-                    logprobs = [SampledToken(i, token, -0.5, top)]
-                seqs.append(SeqDelta(i, [token], logprobs, reason))
-            prompt_len = len(request.prompt_token_ids)
-            yield RequestDelta(rid, seqs, step == steps - 1, num_prompt_tokens=prompt_len)
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return make_tiny_tokenizer(384)
-
-
-@pytest.fixture
-async def serve(tokenizer: Any) -> AsyncIterator[Callable[..., Any]]:
-    """serve(**create_app kwargs) -> (TestClient, FakeBackend)."""
-    clients: list[TestClient] = []
-
-    async def make(**kwargs: Any) -> tuple[TestClient, FakeBackend]:
-        backend = FakeBackend(tokenizer)
-        client = TestClient(TestServer(create_app(backend, tokenizer, **kwargs)))
-        await client.start_server()
-        clients.append(client)
-        return client, backend
-
-    yield make
-    for client in clients:
-        await client.close()
-
-
-def parse_sse(text: str) -> list[Any]:
-    """Events of a complete SSE body; asserts the framing and the closing [DONE]."""
-    assert text.endswith("data: [DONE]\n\n")
-    events = []
-    for block in text.split("\n\n")[:-1]:
-        assert block.startswith("data: "), block
-        data = block[len("data: ") :]
-        events.append(data if data == "[DONE]" else json.loads(data))
-    assert events.count("[DONE]") == 1
-    return events[:-1]
-
-
-async def post_sse(client: TestClient, path: str, body: dict[str, Any]) -> list[Any]:
-    resp = await client.post(path, json=body | {"stream": True})
-    assert resp.status == 200, await resp.text()
-    assert resp.headers["Content-Type"].startswith("text/event-stream")
-    return parse_sse(await resp.text())
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
-        await asyncio.sleep(0.01)
-
-
-def completion(**extra: Any) -> dict[str, Any]:
-    return {"model": "tiny", "prompt": "the capital of", "max_tokens": 5} | extra
-
-
-def chat(**extra: Any) -> dict[str, Any]:
-    return {"model": "tiny", "messages": CHAT} | extra
-
+from tests.support.polling import eventually
 
 # ---- success paths ----------------------------------------------------------------------------
 

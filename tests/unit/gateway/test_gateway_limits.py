@@ -10,7 +10,8 @@ import pytest
 
 from services.gateway.http_errors import RateLimitError
 from services.gateway.state import GatewayState
-from tests.unit.gateway.test_gateway_http import completion, eventually, parse_sse, serve, tokenizer  # noqa: F401
+from tests.support.gateway_fakes import completion, parse_sse
+from tests.support.polling import eventually
 
 
 async def test_a_request_over_the_timeout_ends_with_a_timeout_error_and_is_aborted(serve) -> None:

@@ -20,7 +20,8 @@ from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError
 from shared.sampling import SamplingParams
 from shared.structured import GrammarLimits, check_limits
-from tests.unit.gateway.test_gateway_http import INFO, eventually, serve, tokenizer  # noqa: F401
+from tests.support.gateway_fakes import INFO
+from tests.support.polling import eventually
 
 USER = [{"role": "user", "content": "the capital of"}]
 
