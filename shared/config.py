@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.flags import GIB, MIB, MS, GiB, config_from_dict, flag, section
 from shared.structured import GrammarLimits
 
 PreemptionMode = Literal["swap", "recompute"]
 BudgetOrder = Literal["decode-first", "arrival"]
 DTypeName = Literal["float32", "float16", "bfloat16", "float64"]
-
-GiB = 1 << 30
+DeviceName = Literal["auto", "cpu", "cuda"]
+AttentionBackend = Literal["auto", "torch", "triton"]
+Quantization = Literal["auto", "none", "int8", "int4"]
+KVPolicy = Literal["paged", "orca-max", "orca-pow2", "orca-oracle"]
+ExecutorKind = Literal["model", "sim"]
 
 
 def _positive(name: str, value: int | float | None, allow_none: bool = False) -> None:
@@ -24,33 +29,51 @@ def _positive(name: str, value: int | float | None, allow_none: bool = False) ->
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str | None = None  # local HF directory or .gguf file; None means the embedded model
-    dtype: DTypeName = "float32"  # fp32 is the fast dtype on AVX2 CPUs
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    seed: int = 0  # seeds the seeds drawn for requests that bring none
-    num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
-    device: str = "auto"  # auto: cuda when available, else cpu
-    attention_backend: str = "auto"  # auto: triton on cuda, the torch reference elsewhere
+    # Local HF directory or .gguf file; None means the embedded model.
+    model: str | None = flag(
+        None, "--model",
+        "local HF directory (config.json + safetensors + tokenizer) or .gguf file; "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )  # fmt: skip
+    dtype: DTypeName = flag("float32", "--dtype")  # fp32 is the fast dtype on AVX2 CPUs
+    # None: the model's max_position_embeddings.
+    max_model_len: int | None = flag(None, "--max-model-len", "context length cap")
+    # Seeds the seeds drawn for requests that bring none.
+    seed: int = flag(0, "--engine-seed", "seed for requests without a seed")
+    # Torch intra-op threads; None leaves torch's default.
+    num_threads: int | None = flag(None, "--num-threads", "torch CPU threads")
+    device: DeviceName = flag("auto", "--device")  # auto: cuda when available, else cpu
+    attention_backend: AttentionBackend = flag(
+        "auto", "--attention-backend",
+        "paged-attention kernels: auto = triton on CUDA, the torch reference on CPU",
+    )  # fmt: skip
     # Weights of linear layers, embedding and LM head: none (fp32, the reference), int8, int4
     # (CPU kernels); auto picks the measured default for the embedded model on a CPU and none
     # otherwise (services/executor/quantize_model.py).
-    quantization: str = "auto"
+    quantization: Quantization = flag(
+        "auto", "--quantization",
+        "CPU weight kernels: none = fp32; int8 = fbgemm int8; int4 = GGUF Q4_1 repacked; "
+        "auto = int8 for the embedded model on a CPU, none otherwise",
+    )  # fmt: skip
     # On CUDA, decode steps replay captured graphs (services/executor/cuda_graphs.py); True
     # runs every step eagerly.
-    enforce_eager: bool = False
+    enforce_eager: bool = flag(
+        False, "--enforce-eager",
+        "CUDA: run every decode step eagerly instead of replaying captured CUDA graphs",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if self.device not in ("auto", "cpu", "cuda"):
+        if self.device not in typing.get_args(DeviceName):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in typing.get_args(AttentionBackend):
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
             )
-        if self.quantization not in ("auto", "none", "int8", "int4"):
+        if self.quantization not in typing.get_args(Quantization):
             raise ValueError(
                 f"quantization must be auto, none, int8 or int4, got {self.quantization!r}"
             )
-        if self.dtype not in ("float32", "float16", "bfloat16", "float64"):
+        if self.dtype not in typing.get_args(DTypeName):
             raise ValueError(
                 f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}"
             )
@@ -60,10 +83,13 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16  # tokens per KV block
-    num_device_blocks: int | None = None  # explicit pool size; wins over kv_cache_bytes
-    kv_cache_bytes: int = 1 * GiB  # budget for the device KV pool when num_device_blocks is None
-    swap_space_bytes: int = 1 * GiB  # CPU swap pool; capped at the device pool's size
+    block_size: int = flag(16, "--block-size", "tokens per KV block")
+    # Explicit pool size; wins over kv_cache_bytes.
+    num_device_blocks: int | None = flag(None, "--num-device-blocks", "KV pool size in blocks")
+    # Budget for the device KV pool when num_device_blocks is None.
+    kv_cache_bytes: int = flag(1 * GiB, "--kv-cache-gb", "KV pool budget (GiB)", unit=GIB)
+    # CPU swap pool; capped at the device pool's size.
+    swap_space_bytes: int = flag(1 * GiB, "--swap-space-gb", "CPU swap pool (GiB)", unit=GIB)
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
@@ -78,40 +104,70 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256  # running sequences per step, at most
+    max_num_seqs: int = flag(256, "--max-num-seqs")  # running sequences per step, at most
     # Tokens computed per step, at most (the token budget); None: 512 on a CPU, 2048 elsewhere
     # (see token_budget).
-    max_num_batched_tokens: int | None = None
+    max_num_batched_tokens: int | None = flag(
+        None, "--max-num-batched-tokens",
+        "token budget per step (default: 512 on a CPU, 2048 on a GPU)",
+    )  # fmt: skip
     # While other sequences decode, the prompt tokens one request computes per step, at most,
     # counted context-free and raised to the number of decoding sequences (a long prompt alone
     # still takes the whole budget); None: 64 on a CPU, no cap elsewhere.
-    max_prefill_tokens_per_request: int | None = None
-    enable_chunked_prefill: bool = True  # split long prompts across steps to fit the budget
-    preemption_mode: PreemptionMode = "recompute"
+    max_prefill_tokens_per_request: int | None = flag(
+        None, "--max-prefill-tokens-per-request",
+        "while other sequences decode, the prompt tokens one request computes per step, at "
+        "most, counted context-free and never below the number of decoding sequences (default: 64 "
+        "on a CPU, no cap on a GPU; the token budget turns it off)",
+    )  # fmt: skip
+    # Split long prompts across steps to fit the budget.
+    enable_chunked_prefill: bool = flag(
+        True, "--no-chunked-prefill",
+        "compute each prompt in one step instead of budget-sized chunks",
+    )  # fmt: skip
+    preemption_mode: PreemptionMode = flag("recompute", "--preemption-mode")
     # Fraction of device blocks kept free at admission so that admitted groups can grow a little
     # before someone has to be preempted (avoids admit-then-preempt thrash).
     watermark: float = 0.01
     # KV allocation: "paged" blocks on demand, or an Orca baseline that reserves a contiguous
     # region per request ("orca-max", "orca-pow2", "orca-oracle"); see services/scheduler.
-    kv_policy: str = "paged"
+    kv_policy: KVPolicy = flag(
+        "paged", "--kv-policy",
+        "KV allocation: paged blocks, or an Orca baseline's contiguous reservation",
+    )  # fmt: skip
     # Reuse the K/V of full prompt blocks that earlier requests computed (paged policy only).
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = flag(
+        True, "--no-prefix-caching",
+        "do not reuse the K/V of prompt blocks that earlier requests computed",
+    )  # fmt: skip
     # Who gets the step's token budget first: "decode-first" gives every decoding sequence its
     # token, then prompt chunks in arrival order (vLLM v1), so long prefills do not stall
     # running streams; "arrival" serves running groups strictly in arrival order (the paper's).
-    budget_order: BudgetOrder = "decode-first"
+    budget_order: BudgetOrder = flag(
+        "decode-first", "--budget-order",
+        "token budget: decoding sequences first, then prompt chunks by arrival (default), "
+        "or running groups strictly by arrival",
+    )  # fmt: skip
     # The scheduler service plans step N+1 while the executor runs step N whenever N+1 needs
     # nothing of N's result but its sampled tokens, which the executor fills in itself
     # (services/scheduler/lookahead.py); the host's work then hides behind the device's.
-    async_scheduling: bool = True
+    async_scheduling: bool = flag(
+        True, "--no-async-scheduling",
+        "served: wait for each step's result before planning the next (default: plan the "
+        "next decode step while the executor runs this one)",
+    )  # fmt: skip
     # Who is served first and who yields under memory pressure: "fcfs" (the paper's) or
     # "priority" (the request's priority, then FCFS); the names and their checks live in
     # services/scheduler/policies.py, where the scheduler builds the policy.
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = flag(
+        "fcfs", "--scheduling-policy",
+        "fcfs: first come, first served (the paper's); priority: the request's priority "
+        "field first (lower is served first, the lowest yields first), then arrival",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _positive("max_num_seqs", self.max_num_seqs)
-        if self.budget_order not in ("decode-first", "arrival"):
+        if self.budget_order not in typing.get_args(BudgetOrder):
             raise ValueError(
                 f"budget_order must be decode-first or arrival, got {self.budget_order!r}"
             )
@@ -119,13 +175,13 @@ class SchedulerConfig:
         _positive(
             "max_prefill_tokens_per_request", self.max_prefill_tokens_per_request, allow_none=True
         )
-        if self.preemption_mode not in ("swap", "recompute"):
+        if self.preemption_mode not in typing.get_args(PreemptionMode):
             raise ValueError(
                 f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}"
             )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
-        if self.kv_policy not in ("paged", "orca-max", "orca-pow2", "orca-oracle"):
+        if self.kv_policy not in typing.get_args(KVPolicy):
             raise ValueError(
                 "kv_policy must be paged, orca-max, orca-pow2 or orca-oracle, "
                 f"got {self.kv_policy!r}"
@@ -155,12 +211,23 @@ class GrammarConfig:
     error; the compile worker is killed), the compiled grammars the executor keeps, and the size
     of specs the gateway and the scheduler accept."""
 
-    compile_timeout_s: float = 10.0
-    cache_bytes: int = 256 << 20  # compiled grammars kept for reuse (xgrammar's own accounting)
-    limits: GrammarLimits = field(default_factory=GrammarLimits)
+    compile_timeout_s: float = flag(
+        10.0, "--grammar-compile-timeout",
+        "seconds a grammar may take to compile; past it the request ends with a 400 and "
+        "the compile worker is killed (compiles run beside the running streams, never in a step)",
+    )  # fmt: skip
+    # Compiled grammars kept for reuse (xgrammar's own accounting).
+    cache_bytes: int = flag(
+        256 << 20, "--grammar-cache-mb", "compiled grammars kept for reuse", unit=MIB
+    )
     # Different grammars waiting for a compile (one worker compiles them in turn); a request
     # for yet another one past it is answered 429 (one for a grammar already waited for is not).
-    max_pending: int = 16
+    max_pending: int = flag(
+        16, "--max-pending-grammars",
+        "different grammars that may wait for a compile at once (compiles run one at a "
+        "time); a request for another one is answered 429",
+    )  # fmt: skip
+    limits: GrammarLimits = field(default_factory=GrammarLimits)
 
     def __post_init__(self) -> None:
         _positive("compile_timeout_s", self.compile_timeout_s)
@@ -172,19 +239,23 @@ class GrammarConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> GrammarConfig:
-        values = dict(values)
-        values["limits"] = GrammarLimits(**values.get("limits", {}))
-        return cls(**values)
+        return config_from_dict(cls, values)
 
 
 @dataclass(frozen=True)
 class SimConfig:
     """The simulated executor: no model runs; a cost model of this GPU and model times each step."""
 
-    gpu: str = "a100-40gb"
-    model: str = "opt-13b"
-    kv_cache_bytes: int | None = None  # None: the pool as on that GPU
-    step_overhead_s: float | None = None  # None: the GPU entry's default
+    gpu: str = flag("a100-40gb", "--sim-gpu", "a100-40gb, a100-80gb, h100-80gb, ...")
+    model: str = flag("opt-13b", "--sim-model", "opt-13b, opt-66b, llama-7b, ...")
+    # None: the pool as on that GPU.
+    kv_cache_bytes: int | None = flag(
+        None, "--sim-kv-gb", "KV pool (GiB); default: as on that GPU", unit=GIB
+    )
+    # None: the GPU entry's default.
+    step_overhead_s: float | None = flag(
+        None, "--sim-overhead-ms", "per-step overhead; default: the GPU's", unit=MS
+    )
     realtime: bool = False  # sleep for the modeled time (serving) instead of only counting it
 
     def __post_init__(self) -> None:
@@ -197,10 +268,20 @@ class SimConfig:
 class ParallelConfig:
     """Tensor parallelism: the executor as tensor_parallel_size ranks (torch.distributed)."""
 
-    tensor_parallel_size: int = 1
-    master_addr: str = "127.0.0.1"  # where rank 0 listens for the other ranks
-    master_port: int | None = None  # None: a free port, chosen by rank 0 (local ranks only)
-    external_workers: bool = False  # ranks 1.. are started by hand (e.g. on other machines)
+    tensor_parallel_size: int = flag(
+        1, "--tensor-parallel-size", "executor ranks sharing the model"
+    )
+    # Where rank 0 listens for the other ranks.
+    master_addr: str = flag(
+        "127.0.0.1", "--tp-master-addr", "address where rank 0 meets the others"
+    )
+    # None: a free port, chosen by rank 0 (local ranks only).
+    master_port: int | None = flag(None, "--tp-master-port", "its port (default: a free one)")
+    # Ranks 1.. are started by hand (e.g. on other machines).
+    external_workers: bool = flag(
+        False, "--tp-external-workers",
+        "start ranks 1.. by hand (python -m services.executor.tp_worker) instead of locally",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _positive("tensor_parallel_size", self.tensor_parallel_size)
@@ -210,25 +291,24 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    executor: Literal["model", "sim"] = "model"  # sim: services/executor/sim.py
-    sim: SimConfig = field(default_factory=SimConfig)
-    grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    # Each nested config is one section of the flags' help, in this order.
+    model: ModelConfig = section("model", ModelConfig)
+    cache: CacheConfig = section("KV cache", CacheConfig)
+    scheduler: SchedulerConfig = section("scheduler", SchedulerConfig)
+    grammar: GrammarConfig = section("structured output", GrammarConfig)
+    # sim: services/executor/sim.py
+    executor: ExecutorKind = flag(
+        "model", "--executor",
+        "sim: run no model; time each step by a cost model of --sim-gpu and --sim-model",
+        group="simulated executor",
+    )  # fmt: skip
+    sim: SimConfig = section("simulated executor", SimConfig)
+    parallel: ParallelConfig = section("tensor parallelism", ParallelConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:
-        return cls(
-            model=ModelConfig(**values["model"]),
-            cache=CacheConfig(**values["cache"]),
-            scheduler=SchedulerConfig(**values["scheduler"]),
-            parallel=ParallelConfig(**values["parallel"]),
-            executor=values.get("executor", "model"),
-            sim=SimConfig(**values.get("sim", {})),
-            grammar=GrammarConfig.from_dict(values.get("grammar", {})),
-        )
+        """The config that to_dict() (and a JSON round trip) made; missing sections: defaults."""
+        return config_from_dict(cls, values)

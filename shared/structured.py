@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidRequestError
+from shared.flags import flag
 
 
 @dataclass(frozen=True)
@@ -14,10 +15,18 @@ class GrammarLimits:
     """How big a structured-output spec may be: compile time and memory grow with these, and a
     compile runs beside every other stream (on the executor's compile worker)."""
 
-    max_spec_bytes: int = 64 * 1024  # --max-grammar-spec-bytes
-    max_choices: int = 1000  # --max-grammar-choices: guided_choice items, schema enum values
-    max_regex_bytes: int = 4096  # --max-grammar-regex-bytes: a regex, or a schema's pattern
-    max_depth: int = 32  # --max-grammar-depth: nesting of a JSON schema
+    max_spec_bytes: int = flag(
+        64 * 1024, "--max-grammar-spec-bytes",
+        "largest structured-output spec (schema, regex, grammar, choice list) accepted",
+    )  # fmt: skip
+    max_choices: int = flag(
+        1000, "--max-grammar-choices",
+        "most guided_choice items, or enum values in a JSON schema (all enums together)",
+    )  # fmt: skip
+    max_regex_bytes: int = flag(
+        4096, "--max-grammar-regex-bytes", "longest guided_regex, or pattern in a JSON schema"
+    )
+    max_depth: int = flag(32, "--max-grammar-depth", "deepest nesting of a JSON schema")
 
     def __post_init__(self) -> None:
         for name in ("max_spec_bytes", "max_choices", "max_regex_bytes", "max_depth"):
