@@ -13,7 +13,7 @@ import time
 import torch
 import zmq
 
-from services.engine.args import add_engine_args, engine_config_from_args
+from services.engine_flags import add_config_json_arg, add_engine_args, engine_config_from_args
 from services.executor.executor import Executor
 from services.executor.quantize_model import weight_bytes
 from shared.heap import freeze_startup_heap
@@ -186,6 +186,7 @@ def _orphaned(parent_pid: int | None) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.executor")
     add_engine_args(parser)
+    add_config_json_arg(parser)
     add_address_args(parser)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
     args = parser.parse_args(argv)

@@ -9,16 +9,14 @@ Started by rank 0 for local ranks, or by hand for ranks on other machines:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import threading
 import time
 
-from services.engine.args import add_engine_args, engine_config_from_args
+from services.engine_flags import add_config_json_arg, add_engine_args, engine_config_from_args
 from services.executor.executor import Executor
-from shared.config import EngineConfig
 from shared.model_source import resolve_model
 
 log = logging.getLogger("pagedserve.tp_worker")
@@ -35,15 +33,12 @@ def _exit_with_parent(parent_pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.executor.tp_worker")
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--config-json", default=None, help="the engine config (local ranks)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
     add_engine_args(parser)
+    add_config_json_arg(parser)  # local ranks get rank 0's config
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.config_json is not None:
-        config = EngineConfig.from_dict(json.loads(args.config_json))
-    else:
-        config = engine_config_from_args(args)
+    config = engine_config_from_args(args)
     if args.parent_pid is not None:
         threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
     size = config.parallel.tensor_parallel_size

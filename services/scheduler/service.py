@@ -17,7 +17,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from services.engine.args import add_engine_args, engine_config_from_args
+from services.engine_flags import add_config_json_arg, add_engine_args, engine_config_from_args
 from services.restart_budget import RestartBudget, add_restart_args
 from services.scheduler.gateway_links import GatewayLinks
 from services.scheduler.kv_accounting import KVAccountant, kv_breakdown
@@ -503,6 +503,7 @@ def _no_response(step_id: int) -> StepResult:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.scheduler")
     add_engine_args(parser)
+    add_config_json_arg(parser)
     add_address_args(parser)
     parser.add_argument("--model-name", default=None, help="the name the API reports")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
