@@ -15,10 +15,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 
-from services.engine.args import engine_argv
+from services.engine_flags import config_json_argv, engine_config_from_args
 from services.gateway.service import check_exposure
 from services.restart_budget import RestartBudget
+from shared.config import EngineConfig
 from shared.ipc import Addresses
 from shared.model_source import model_name, resolve_model
 
@@ -41,7 +43,8 @@ class Stack:
     def start(self) -> None:
         args = self.args
         model_dir = str(resolve_model(args.model))  # convert once, before children race to it
-        engine = engine_argv(args, model_dir)
+        config = engine_config_from_args(args)
+        config = replace(config, model=replace(config.model, model=model_dir))
         name = ["--model-name", model_name(args.model)]
         name += ["--max-restarts", str(args.max_restarts)]
         name += ["--restart-window", str(args.restart_window)]
@@ -59,10 +62,11 @@ class Stack:
         for i, addresses in enumerate(replicas):
             wires = _wires(addresses)
             suffix = f"-{i}" if i else ""
-            own, env = _replica_engine(args, engine, i, num_replicas)
+            own, env = _replica_engine(config, i, num_replicas)
+            engine = config_json_argv(own)
             # The scheduler binds every pipe, so it goes first; the others connect to it.
-            self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *own, *name, *wires])
-            self._spawn(f"executor{suffix}", ["-m", "services.executor", *own, *wires], env)
+            self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *engine, *name, *wires])
+            self._spawn(f"executor{suffix}", ["-m", "services.executor", *engine, *wires], env)
         gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
         if args.allow_unauthenticated:
             gateway += ["--allow-unauthenticated"]
@@ -174,21 +178,21 @@ class Stack:
 
 
 def _replica_engine(
-    args: argparse.Namespace, engine: list[str], index: int, num_replicas: int
-) -> tuple[list[str], dict[str, str] | None]:
-    """Replica `index`'s engine flags and environment: its own rendezvous port and, on a
+    config: EngineConfig, index: int, num_replicas: int
+) -> tuple[EngineConfig, dict[str, str] | None]:
+    """Replica `index`'s engine config and environment: its own rendezvous port and, on a
     machine with GPUs, its own devices (unless CUDA_VISIBLE_DEVICES already decides)."""
     if num_replicas == 1:
-        return engine, None
-    engine = list(engine)
-    if args.tp_master_port is not None:
-        at = engine.index("--tp-master-port") + 1
-        engine[at] = str(args.tp_master_port + index)
-    if args.device == "cpu" or "CUDA_VISIBLE_DEVICES" in os.environ:
-        return engine, None
-    size = args.tensor_parallel_size
+        return config, None
+    parallel = config.parallel
+    if parallel.master_port is not None:
+        parallel = replace(parallel, master_port=parallel.master_port + index)
+        config = replace(config, parallel=parallel)
+    if config.model.device == "cpu" or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return config, None
+    size = parallel.tensor_parallel_size
     devices = ",".join(str(d) for d in range(index * size, (index + 1) * size))
-    return engine, {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
+    return config, {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
 
 
 def _gateway_env(api_key: str | None) -> dict[str, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from services.scheduler.sequence import Sequence, SequenceGroup
+from services.scheduler.stop_rules import reaches_length
 
 
 class _Entry(Protocol):
@@ -40,9 +41,9 @@ def lookahead_seqs(
             return None  # the next step depends on what this one draws
         if entry.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
             return None  # not a decode of the last known token (a prompt, a recompute)
-        if seq.num_output_tokens + 1 >= group.sampling.max_tokens:
+        if reaches_length(
+            group.sampling, seq.num_output_tokens + 1, seq.num_tokens + 1, max_seq_len
+        ):
             continue  # the token in flight is its last: it ends by length
-        if seq.num_tokens + 1 >= max_seq_len:
-            continue
         ahead.append(entry)
     return ahead or None

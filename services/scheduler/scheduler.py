@@ -20,6 +20,7 @@ from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.policies import make_policy
 from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
+from services.scheduler.stop_rules import check_stop, max_output_tokens
 from shared.config import GrammarConfig, SchedulerConfig
 from shared.errors import (
     InvalidRequestError,
@@ -149,7 +150,7 @@ class Scheduler:
             group.beam = BeamSearch(
                 sampling,
                 sampling.ending_token_ids(tuple(self.eos_token_ids)),
-                min(sampling.max_tokens, self.max_seq_len - len(prompt_token_ids)),
+                max_output_tokens(sampling, len(prompt_token_ids), self.max_seq_len),
             )
         self._next_arrival += 1
         self.groups[request_id] = group
@@ -568,7 +569,9 @@ class Scheduler:
                 if token.logprob is not None:
                     target.cumulative_logprob += token.logprob
                 update.new_tokens.append((target, token))
-                reason = self._stop_reason(group, target, token.token_id)
+                reason = check_stop(
+                    group.sampling, target, token.token_id, self.eos_token_ids, self.max_seq_len
+                )
                 if reason is not None:
                     self._finish(group, target, reason)
             self._remove_if_done(group, updates)
@@ -790,16 +793,6 @@ class Scheduler:
             self.groups.pop(group.request_id, None)
         else:
             group.seqs = new_beams
-
-    def _stop_reason(self, group: SequenceGroup, seq: Sequence, token_id: int) -> str | None:
-        sampling = group.sampling
-        if token_id in sampling.stop_token_ids:
-            return "stop"
-        if not sampling.ignore_eos and token_id in self.eos_token_ids:
-            return "stop"
-        if seq.num_output_tokens >= sampling.max_tokens or seq.num_tokens >= self.max_seq_len:
-            return "length"
-        return None
 
     def _finish(self, group: SequenceGroup, seq: Sequence, reason: str) -> None:
         seq.status = SeqStatus.FINISHED

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import replace
 
 from services.launcher import _replica_engine
+from shared.config import EngineConfig, ModelConfig, ParallelConfig
 
 
-def _args(**kw) -> argparse.Namespace:
-    values = dict(tp_master_port=None, device="auto", tensor_parallel_size=2) | kw
-    return argparse.Namespace(**values)
+def _config(master_port: int | None = None, device: str = "auto") -> EngineConfig:
+    parallel = ParallelConfig(tensor_parallel_size=2, master_port=master_port)
+    return EngineConfig(model=ModelConfig(device=device), parallel=parallel)
 
 
 def test_replicas_get_their_own_port_and_devices(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    engine = ["--device", "auto", "--tp-master-port", "29500"]
-    own, env = _replica_engine(_args(tp_master_port=29500), engine, 1, 2)
-    assert own == ["--device", "auto", "--tp-master-port", "29501"]
+    config = _config(master_port=29500)
+    own, env = _replica_engine(config, 1, 2)
+    assert own == replace(config, parallel=replace(config.parallel, master_port=29501))
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert _replica_engine(_args(), engine, 0, 1) == (engine, None)  # one replica: unchanged
-    assert _replica_engine(_args(device="cpu"), ["--device", "cpu"], 1, 2)[1] is None
+    assert _replica_engine(config, 0, 1) == (config, None)  # one replica: unchanged
+    assert _replica_engine(_config(device="cpu"), 1, 2)[1] is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6,7,8")  # the operator decides
-    assert _replica_engine(_args(), ["--device", "cuda"], 1, 2)[1] is None
+    assert _replica_engine(_config(device="cuda"), 1, 2)[1] is None
