@@ -11,7 +11,7 @@ from shared.config import SchedulerConfig
 from shared.protocol import ExecutorReady
 from tests.engine.test_engine_greedy import _run
 from tests.factories import engine_config
-from tests.unit.scheduler.test_scheduler import add, make_scheduler, step
+from tests.support.scheduler_steps import add, make_scheduler, step
 
 
 def capped(cap: int | None, budget: int = 32, context_cost_tokens: int = 0) -> Scheduler:

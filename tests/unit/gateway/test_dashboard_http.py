@@ -11,7 +11,7 @@ from services.gateway import kv_state as gateway_kv_state
 from services.gateway.http_errors import ServiceUnavailableError
 from services.gateway.kv_state import KvStateCache
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
-from tests.unit.scheduler.test_scheduler import contended
+from tests.support.scheduler_steps import contended
 
 KEY = "dash-key"
 

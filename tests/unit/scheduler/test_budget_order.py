@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.sequence import SeqStatus, SequenceGroup
-from tests.unit.scheduler.test_scheduler import (
+from tests.support.scheduler_steps import (
     TOKEN,
     add,
     make_scheduler,

@@ -8,7 +8,7 @@ from services.gateway.kv_state import kv_state_json
 from services.scheduler.kv_state import PreemptionLog, kv_snapshot
 from shared.packed import pack_ints, unpack_ints
 from shared.wire import decode, encode
-from tests.unit.scheduler.test_scheduler import add, contended, finish_step, make_scheduler, step
+from tests.support.scheduler_steps import add, contended, finish_step, make_scheduler, step
 
 
 def _step_with_log(scheduler, log: PreemptionLog) -> None:

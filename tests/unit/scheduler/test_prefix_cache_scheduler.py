@@ -9,7 +9,7 @@ from services.scheduler.scheduler import Scheduler
 from shared.config import SchedulerConfig
 from shared.protocol import ExecutorReady, StepPlan
 from shared.sampling import SamplingParams
-from tests.unit.scheduler.test_scheduler import (
+from tests.support.scheduler_steps import (
     TOKEN,
     VOCAB,
     add,

@@ -10,7 +10,7 @@ from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from services.scheduler.step_loop import NoProgressError, StepLoop
 from shared.protocol import StepPlan, StepResult
 from shared.sampling import SamplingParams
-from tests.unit.scheduler.test_scheduler import (
+from tests.support.scheduler_steps import (
     add,
     assert_aborted,
     assert_pools_free,
