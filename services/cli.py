@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from services.engine_flags import add_engine_args, engine_config_from_args
+from services.config_args import add_engine_args, engine_config_from_args
 from shared.errors import PagedServeError
 
 

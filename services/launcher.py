@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import replace
 
-from services.engine_flags import config_json_argv, engine_config_from_args
+from services.config_args import config_json_argv, engine_config_from_args
 from services.gateway.service import check_exposure
 from services.restart_budget import RestartBudget
 from shared.config import EngineConfig

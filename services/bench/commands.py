@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from services.engine_flags import add_engine_args
+from services.config_args import add_engine_args
 from services.scheduler.kv_policy import KV_POLICIES
 
 

@@ -13,7 +13,7 @@ from services.bench.traces import (
     shared_prefix_trace,
     synthetic_trace,
 )
-from services.engine_flags import engine_config_from_args
+from services.config_args import engine_config_from_args
 
 # The paper's Figure 2 (OPT-13B, A100-40GB, ShareGPT): share of KV memory holding token states.
 PAPER_TOKEN_STATES = {"paged": 0.963, "orca-max": 0.204, "orca-pow2": 0.268, "orca-oracle": 0.382}

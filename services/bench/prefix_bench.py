@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from services.bench.traces import SHARED_PREFIX_LENS, TraceRequest, prefixed_trace, trace_stats
-from services.engine_flags import engine_config_from_args
+from services.config_args import engine_config_from_args
 from shared.sampling import SamplingParams
 
 # Every request starts with the same prefix: a long system prompt, or the paper's translation

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from services.engine_flags import engine_argv
+from services.config_args import engine_argv
 
 
 class Server:

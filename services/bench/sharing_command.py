@@ -19,7 +19,7 @@ from services.bench.memory_saving import (
 )
 from services.bench.policy_runs import write_json
 from services.bench.prefix_bench import add_prefix_args, header, run_prefix_caching
-from services.engine_flags import add_engine_args, engine_config_from_args
+from services.config_args import add_engine_args, engine_config_from_args
 
 
 def _memory_saving(args: argparse.Namespace, vocab_size: int) -> dict:

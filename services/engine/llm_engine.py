@@ -1,59 +1,27 @@
 """The in-process engine: the scheduler and the executor in one process, one step at a time.
 
-Tests, benchmarks and `pagedserve generate` use it; the service runs the same two classes in
-separate processes and passes the same plan and result records between them.
+Tests, benchmarks and `pagedserve generate` use it. It is a thin driver of the engine core
+(`services/scheduler/engine_core.py`) over the executor object itself; the scheduler service
+drives the same core over the executor process, so both run the same step loop.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.executor.executor import Executor
+from services.executor.factory import make_executor
+from services.scheduler.engine_core import EngineCore, run_now
+from services.scheduler.local_executor import LocalExecutor
+from services.scheduler.outputs import RequestOutput
 from services.scheduler.scheduler import GroupUpdate, Scheduler
-from services.scheduler.sequence import SequenceGroup
-from services.scheduler.step_loop import StepLoop
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
-from shared.model_source import resolve_model
-from shared.protocol import CompileGrammar, GrammarCompiled, SampledToken, StepPlan
+from shared.protocol import CompileGrammar, GrammarCompiled
 from shared.sampling import SamplingParams
-
-
-@dataclass
-class CompletionOutput:
-    index: int  # which of the request's n samples
-    token_ids: list[int]
-    finish_reason: str | None
-    logprobs: list[SampledToken] | None = None
-    cumulative_logprob: float | None = None  # set when the tokens' logprobs were drawn
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-
-    @classmethod
-    def from_group(cls, group: SequenceGroup) -> RequestOutput:
-        want_logprobs = group.sampling.logprobs is not None
-        outputs = [
-            CompletionOutput(
-                index,
-                seq.output_token_ids,
-                seq.finish_reason,
-                list(seq.logprobs) if want_logprobs else None,
-                seq.cumulative_logprob if group.sampling.wants_logprob else None,
-            )
-            for index, seq in sorted(group.reported_seqs(), key=lambda pair: pair[0])
-        ]
-        return cls(group.request_id, group.prompt_token_ids, outputs, group.is_finished)
 
 
 @dataclass
@@ -75,25 +43,31 @@ class LLMEngine:
         None (the default): on where it pays, a CUDA executor, unless the config turns async
         scheduling off."""
         self.config = config
-        self._ahead: tuple[StepPlan, Any] | None = None  # planned and launched, not applied
-        if config.executor == "sim":
-            from services.executor.sim import SimExecutor
-
-            self.model_dir = None  # no model: no weights, no tokenizer
-            self.executor = SimExecutor(config)
-        else:
-            self.model_dir = resolve_model(config.model.model)
-            self.executor = Executor(config, self.model_dir)
+        executor = make_executor(config)
+        self.model_dir = getattr(executor, "model_dir", None)  # the simulator has no model
         if overlap_steps is None:
-            device = getattr(self.executor, "device", None)  # the simulator has none
+            device = getattr(executor, "device", None)  # the simulator has none
             overlap_steps = device is not None and device.type == "cuda"
         self.overlap_steps = overlap_steps and config.scheduler.async_scheduling
-        self.scheduler = Scheduler(config.scheduler, self.executor.ready(), config.grammar)
-        self.loop = StepLoop(self.scheduler)
+        self.scheduler = Scheduler(config.scheduler, executor.ready(), config.grammar)
+        self._local = LocalExecutor(executor)
+        self.core = EngineCore(self.scheduler, self._local, self.overlap_steps)
         self.stats = StepStats()
         self.last_step_num_seqs = 0
         self._ids = itertools.count()
         self._tokenizer = None
+
+    @property
+    def executor(self) -> Any:
+        """The executor object the core drives (Executor, or SimExecutor)."""
+        return self._local.executor
+
+    @executor.setter
+    def executor(self, executor: Any) -> None:
+        # A replacement for a dead executor (as the service's restart does): steps in flight
+        # died with the old one; the caller requeues the scheduler onto the new one.
+        self.core.forget()
+        self._local.executor = executor
 
     def close(self) -> None:
         """Stop the executor's other tensor-parallel ranks, if any (idempotent)."""
@@ -140,31 +114,20 @@ class LLMEngine:
         return RequestOutput.from_group(update.group) if update else None
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._ahead is not None
+        return self.core.has_unfinished()
 
     def step(self) -> list[GroupUpdate]:
-        t1 = time.perf_counter()
-        if self._ahead is not None:
-            (plan, flight), self._ahead = self._ahead, None
-        else:
-            plan = self.loop.plan()
-            flight = self.executor.launch(plan)
-        if self.overlap_steps:
-            ahead = self.loop.plan_ahead()
-            if ahead is not None:  # queued behind `plan` before its samples are read
-                self._ahead = (ahead, self.executor.launch(ahead))
-        result = self.executor.collect(flight)
-        t2 = time.perf_counter()
+        outcome = run_now(self.core.step())
+        plan, result = outcome.plan, outcome.result
         self.last_step_num_seqs = len(plan.seqs)  # the batch the step ran (for benchmarks)
-        updates = self.loop.finish(plan, result)
         seconds = self.stats.seconds
-        seconds["schedule"] += self.loop.schedule_s
-        seconds["execute"] += t2 - t1
+        seconds["schedule"] += self.core.schedule_s
+        seconds["execute"] += outcome.collected_at - outcome.started_at
         for phase, value in result.timings.items():
             seconds[phase] += value
         self.stats.num_steps += 1
         self.stats.num_batched_tokens += plan.num_tokens
-        return updates
+        return outcome.updates
 
     def generate(
         self,

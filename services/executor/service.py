@@ -13,12 +13,11 @@ import time
 import torch
 import zmq
 
-from services.engine_flags import add_config_json_arg, add_engine_args, engine_config_from_args
-from services.executor.executor import Executor
+from services.config_args import add_config_json_arg, add_engine_args, engine_config_from_args
+from services.executor.factory import make_executor
 from services.executor.quantize_model import weight_bytes
 from shared.heap import freeze_startup_heap
 from shared.ipc import add_address_args, addresses_from_args, make_socket, recv_sync, send_sync
-from shared.model_source import resolve_model
 from shared.protocol import (
     CompileGrammar,
     ExecutorHeartbeat,
@@ -35,15 +34,7 @@ LANDED_POLL_S = 50e-6  # between checks for a plan or the step's end: a fraction
 
 def serve(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
-    if config.executor == "sim":
-        from dataclasses import replace
-
-        from services.executor.sim import SimExecutor
-
-        # Served requests see real latencies: the step sleeps for its modeled time.
-        executor = SimExecutor(replace(config, sim=replace(config.sim, realtime=True)))
-    else:
-        executor = Executor(config, resolve_model(config.model.model))
+    executor = make_executor(config, served=True)
     ctx = zmq.Context()
     addresses = addresses_from_args(args)
     plans = make_socket(ctx, zmq.PULL, addresses.plans, bind=False)

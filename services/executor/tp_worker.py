@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from services.engine_flags import add_config_json_arg, add_engine_args, engine_config_from_args
+from services.config_args import add_config_json_arg, add_engine_args, engine_config_from_args
 from services.executor.executor import Executor
 from shared.model_source import resolve_model
 

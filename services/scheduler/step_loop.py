@@ -1,8 +1,5 @@
-"""The one step loop body (schedule, then update with the executor's result) and its progress rule.
-
-The in-process engine calls the executor directly between the two halves and the scheduler
-service awaits it over ZeroMQ; both go through this class, so both obey the same rule.
-"""
+"""The scheduler's half of a step (plan, then update with the executor's result), timed, and the
+progress rule; the engine core (`engine_core.py`) runs the executor between the two halves."""
 
 from __future__ import annotations
 

@@ -34,7 +34,6 @@ def _run(engine: LLMEngine, prompts, replace_at: int | None, in_flight: bool) ->
                 engine.scheduler.schedule()  # a plan the dead executor never answered
             engine.executor = Executor(engine.config, engine.model_dir)
             engine.scheduler.requeue_all(engine.executor.ready())
-            engine.loop.scheduler = engine.scheduler
             assert engine.scheduler.block_manager.device.num_used == 0
         for update in engine.step():
             if update.finished:

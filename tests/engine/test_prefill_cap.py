@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from services.config_args import engine_argv, engine_config_from_args
 from services.engine.llm_engine import LLMEngine
-from services.engine_flags import engine_argv, engine_config_from_args
 from services.scheduler.scheduler import Scheduler
 from shared.config import SchedulerConfig
 from shared.protocol import ExecutorReady
@@ -134,7 +134,7 @@ def test_defaults_depend_on_the_executors_device():
 def test_the_flags_default_to_the_device_and_pass_on_to_child_processes():
     import argparse
 
-    from services.engine_flags import add_engine_args
+    from services.config_args import add_engine_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)

@@ -175,7 +175,6 @@ def _run_with_replacement(engine: LLMEngine, prompt, sampling, replace_at: int |
         if num_steps == replace_at:
             engine.executor = Executor(engine.config, engine.model_dir)
             engine.scheduler.requeue_all(engine.executor.ready())
-            engine.loop.scheduler = engine.scheduler
         for update in engine.step():
             if update.finished:
                 outputs = [o.token_ids for o in RequestOutput.from_group(update.group).outputs]

@@ -229,7 +229,7 @@ def test_the_block_map_lists_free_blocks_that_still_hold_a_prefix():
 def test_no_prefix_caching_flag_reaches_the_config_and_child_processes(command, capsys):
     import argparse
 
-    from services.engine_flags import add_engine_args, engine_argv, engine_config_from_args
+    from services.config_args import add_engine_args, engine_argv, engine_config_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)

@@ -1,0 +1,92 @@
+"""What a request has produced, as its client sees it: the wire's RequestDelta for the served
+stack and RequestOutput for the in-process engine, both read through reported_samples()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.scheduler import GroupUpdate
+from services.scheduler.sequence import SequenceGroup
+from shared.protocol import RequestDelta, SampledToken, SeqDelta
+
+
+def reported_samples(group: SequenceGroup) -> list[SeqDelta]:
+    """The samples a response shows, whole and in index order; logprobs only when asked, the
+    cumulative logprob wherever the tokens' logprobs were drawn."""
+    sampling = group.sampling
+    want_logprobs = sampling.logprobs is not None
+    return [
+        SeqDelta(
+            index,
+            seq.output_token_ids,
+            list(seq.logprobs) if want_logprobs else [],
+            seq.finish_reason,
+            seq.cumulative_logprob if sampling.wants_logprob else None,
+        )
+        for index, seq in sorted(group.reported_seqs(), key=lambda pair: pair[0])
+    ]
+
+
+def group_delta(update: GroupUpdate) -> RequestDelta:
+    """The request's new tokens per sample, with each ended sample's finish reason."""
+    group = update.group
+    if group.sampling.reports_at_end:
+        # best_of, beam search: the chosen sequences are known only at the end; they go out
+        # whole then.
+        seqs = reported_samples(group)
+        if group.beam is None:
+            for sample in seqs:  # the API shows a cumulative logprob beside beams only
+                sample.cumulative_logprob = None
+    else:
+        want_logprobs = group.sampling.logprobs is not None
+        by_index: dict[int, SeqDelta] = {}
+        for seq, token in update.new_tokens:
+            delta = by_index.setdefault(seq.index, SeqDelta(seq.index, []))
+            delta.token_ids.append(token.token_id)
+            if want_logprobs:
+                delta.logprobs.append(token)
+        for seq in group.seqs:
+            if seq.is_finished:
+                by_index.setdefault(
+                    seq.index, SeqDelta(seq.index, [])
+                ).finish_reason = seq.finish_reason
+        seqs = [by_index[i] for i in sorted(by_index)]
+    return RequestDelta(
+        group.request_id,
+        seqs,
+        update.finished,
+        update.error,
+        num_prompt_tokens=len(group.prompt_token_ids),
+    )
+
+
+@dataclass
+class CompletionOutput:
+    index: int  # which of the request's n samples
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[SampledToken] | None = None
+    cumulative_logprob: float | None = None  # set when the tokens' logprobs were drawn
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+
+    @classmethod
+    def from_group(cls, group: SequenceGroup) -> RequestOutput:
+        want_logprobs = group.sampling.logprobs is not None
+        outputs = [
+            CompletionOutput(
+                s.index,
+                s.token_ids,
+                s.finish_reason,
+                s.logprobs if want_logprobs else None,
+                s.cumulative_logprob,
+            )
+            for s in reported_samples(group)
+        ]
+        return cls(group.request_id, group.prompt_token_ids, outputs, group.is_finished)
