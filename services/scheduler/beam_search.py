@@ -13,18 +13,24 @@ so that our W results equal its W results token for token:
   early_stopping False / "never"), when W hypotheses are kept under early_stopping=True, or when
   every one of the K continuations ended.
 
-This class knows nothing of blocks: it returns which parent each new beam extends, and the
-scheduler forks and frees the block tables accordingly.
+BeamSearch knows nothing of blocks: it returns which parent each new beam extends, and
+advance_beams applies that to the group's sequences, forking and freeing their block tables.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
+from shared.protocol import SampledToken
 from shared.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from services.scheduler.block_manager import BlockManager
 
 NEG_INF = -1.0e9  # transformers' "impossible" score; kept so comparisons behave the same
 
@@ -159,3 +165,73 @@ class BeamSearch:
 def _f32_div(score: float, divisor: float) -> float:
     """An fp32 score divided by a Python float, rounded to fp32 as a torch tensor would be."""
     return float(np.float32(np.float32(score) / np.float32(divisor)))
+
+
+# ---- the group's sequences and blocks -----------------------------------------------------------
+def advance_beams(
+    group: SequenceGroup, block_manager: BlockManager, new_seq_id: Callable[[], int]
+) -> tuple[list[int], bool]:
+    """Every live beam has drawn: keep the best continuations as the new beams (a parent
+    kept twice is forked: its blocks shared, its last block copied on the next write),
+    free the dropped beams' blocks, and end the group once the search is over (its sequences
+    are then the kept hypotheses, best first). Returns the freed sequence ids (the executor may
+    forget them) and whether the search is over."""
+    beams = group.live_seqs()
+    draws = [group.beam_draws.pop(s.seq_id) for s in beams]
+    outcome = group.beam.step(
+        [s.cumulative_logprob for s in beams],
+        [s.output_token_ids for s in beams],
+        [d.top_logprobs for d in draws],
+    )
+    want_logprobs = group.sampling.logprobs is not None
+
+    def extended(cand: Candidate, seq: Sequence) -> None:
+        seq.token_ids.append(cand.token_id)
+        seq.cumulative_logprob = cand.score
+        if want_logprobs:
+            top = draws[cand.parent].top_logprobs[: group.sampling.logprobs]
+            seq.logprobs.append(SampledToken(seq.seq_id, cand.token_id, cand.logprob, top))
+
+    for hyp in group.beam.finished:
+        if hyp.seq is None:  # finished this step: its parent beam is still `beams`
+            parent = beams[hyp.last.parent]
+            hyp.seq = Sequence(-1, 0, list(parent.token_ids), parent.prompt_len)
+            hyp.seq.logprobs = list(parent.logprobs)
+            extended(hyp.last, hyp.seq)
+            hyp.seq.status, hyp.seq.finish_reason = SeqStatus.FINISHED, hyp.finish_reason
+
+    freed: list[int] = []
+    kept: set[int] = set()
+    new_beams: list[Sequence] = []
+    for cand in outcome.beams if not outcome.done else []:
+        parent = beams[cand.parent]
+        if cand.parent in kept:  # a second continuation of the same parent: fork it
+            child = Sequence(
+                new_seq_id(),
+                0,
+                parent.token_ids[:-1],  # the parent has taken its own token already
+                parent.prompt_len,
+                num_computed_tokens=parent.num_computed_tokens,
+                status=parent.status,
+                logprobs=parent.logprobs[:-1] if want_logprobs else [],
+            )
+            block_manager.fork(parent.seq_id, child.seq_id)
+        else:
+            kept.add(cand.parent)
+            child = parent
+        extended(cand, child)
+        new_beams.append(child)
+    for i, seq in enumerate(new_beams):
+        seq.index = i
+    for i, seq in enumerate(beams):
+        if i not in kept:
+            seq.status, seq.finish_reason = SeqStatus.FINISHED, "beam_dropped"
+            block_manager.free(seq.seq_id)
+            freed.append(seq.seq_id)
+    if outcome.done:
+        group.seqs = [hyp.seq for hyp in group.beam.finished]
+        for i, seq in enumerate(group.seqs):
+            seq.index = i
+    else:
+        group.seqs = new_beams
+    return freed, outcome.done

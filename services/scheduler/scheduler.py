@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.scheduler.beam_search import BeamSearch, Candidate
+from services.scheduler.beam_search import BeamSearch, advance_beams
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.grammar_wait import ANSWER_GRACE_S, GrammarWaits
 from services.scheduler.kv_policy import make_block_manager
@@ -577,7 +577,10 @@ class Scheduler:
             self._remove_if_done(group, updates)
         for group in beam_groups:
             if all(s.seq_id in group.beam_draws for s in group.live_seqs()):
-                self._beam_step(group)
+                freed, done = advance_beams(group, self.block_manager, self._new_seq_id)
+                self._freed_seq_ids.extend(freed)
+                if done:
+                    self.groups.pop(group.request_id, None)
                 self._remove_if_done(group, updates)  # results go out only at the end
         return list(updates.values())
 
@@ -730,69 +733,6 @@ class Scheduler:
         self.block_manager.fork(parent.seq_id, child_id)
         group.seqs.append(child)
         return child
-
-    def _beam_step(self, group: SequenceGroup) -> None:
-        """Every live beam has drawn: keep the best continuations as the new beams (a parent
-        kept twice is forked: its blocks shared, its last block copied on the next write),
-        free the dropped beams' blocks, and end the group once the search is over."""
-        beams = group.live_seqs()
-        draws = [group.beam_draws.pop(s.seq_id) for s in beams]
-        outcome = group.beam.step(
-            [s.cumulative_logprob for s in beams],
-            [s.output_token_ids for s in beams],
-            [d.top_logprobs for d in draws],
-        )
-        want_logprobs = group.sampling.logprobs is not None
-
-        def extended(cand: Candidate, seq: Sequence) -> None:
-            seq.token_ids.append(cand.token_id)
-            seq.cumulative_logprob = cand.score
-            if want_logprobs:
-                top = draws[cand.parent].top_logprobs[: group.sampling.logprobs]
-                seq.logprobs.append(SampledToken(seq.seq_id, cand.token_id, cand.logprob, top))
-
-        for hyp in group.beam.finished:
-            if hyp.seq is None:  # finished this step: its parent beam is still `beams`
-                parent = beams[hyp.last.parent]
-                hyp.seq = Sequence(-1, 0, list(parent.token_ids), parent.prompt_len)
-                hyp.seq.logprobs = list(parent.logprobs)
-                extended(hyp.last, hyp.seq)
-                hyp.seq.status, hyp.seq.finish_reason = SeqStatus.FINISHED, hyp.finish_reason
-
-        kept: set[int] = set()
-        new_beams: list[Sequence] = []
-        for cand in outcome.beams if not outcome.done else []:
-            parent = beams[cand.parent]
-            if cand.parent in kept:  # a second continuation of the same parent: fork it
-                child = Sequence(
-                    self._new_seq_id(),
-                    0,
-                    parent.token_ids[:-1],  # the parent has taken its own token already
-                    parent.prompt_len,
-                    num_computed_tokens=parent.num_computed_tokens,
-                    status=parent.status,
-                    logprobs=parent.logprobs[:-1] if want_logprobs else [],
-                )
-                self.block_manager.fork(parent.seq_id, child.seq_id)
-            else:
-                kept.add(cand.parent)
-                child = parent
-            extended(cand, child)
-            new_beams.append(child)
-        for i, seq in enumerate(new_beams):
-            seq.index = i
-        for i, seq in enumerate(beams):
-            if i not in kept:
-                seq.status, seq.finish_reason = SeqStatus.FINISHED, "beam_dropped"
-                self.block_manager.free(seq.seq_id)
-                self._freed_seq_ids.append(seq.seq_id)
-        if outcome.done:
-            group.seqs = [hyp.seq for hyp in group.beam.finished]
-            for i, seq in enumerate(group.seqs):
-                seq.index = i
-            self.groups.pop(group.request_id, None)
-        else:
-            group.seqs = new_beams
 
     def _finish(self, group: SequenceGroup, seq: Sequence, reason: str) -> None:
         seq.status = SeqStatus.FINISHED

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from services.scheduler.beam_search import BeamSearch
 from shared.protocol import SampledToken
 from shared.sampling import SamplingParams
+
+if TYPE_CHECKING:  # beam_search.py works on sequences: importing it here would be a cycle
+    from services.scheduler.beam_search import BeamSearch
 
 
 class SeqStatus(enum.Enum):
