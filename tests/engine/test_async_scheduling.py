@@ -10,8 +10,8 @@ from services.scheduler.scheduler import Scheduler
 from shared.config import SchedulerConfig
 from shared.protocol import PENDING_TOKEN, ExecutorReady, SampledToken, StepResult
 from shared.sampling import SamplingParams
-from tests.conftest import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
 from tests.factories import engine_config
+from tests.support.reference_model import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
 
 
 def _run(engine: LLMEngine, prompts, params) -> tuple[list, list]:

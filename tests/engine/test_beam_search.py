@@ -12,8 +12,8 @@ import torch
 from services.engine.llm_engine import LLMEngine
 from shared.errors import InvalidRequestError
 from shared.sampling import SamplingParams
-from tests.conftest import VOCAB, _hf_model
 from tests.factories import engine_config, random_prompts
+from tests.support.reference_model import VOCAB, hf_model
 
 MAX_NEW = 12
 PROMPTS = random_prompts([5, 17, 33, 40], VOCAB, seed=3)
@@ -24,7 +24,7 @@ def ending_token(tiny_model_dir) -> int:
     """A token the model likes to emit, used as the end token so hypotheses end mid-search
     (the tiny model's own eos is almost never drawn)."""
     counts: collections.Counter[int] = collections.Counter()
-    model = _hf_model(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     with torch.inference_mode():
         for prompt in PROMPTS:
             out = model.generate(
@@ -43,7 +43,7 @@ def _hf_beams(
     early_stopping: bool | str,
     ending: int,
 ) -> list[list[int]]:
-    model = _hf_model(model_dir)
+    model = hf_model(model_dir)
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt]),

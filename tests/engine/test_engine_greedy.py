@@ -6,26 +6,9 @@ import pytest
 
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
-from tests.conftest import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
 from tests.factories import engine_config
-
-GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-
-
-def _run(engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams = GREEDY):
-    plans = []
-    original_schedule = engine.scheduler.schedule
-
-    def recording_schedule():
-        plan = original_schedule()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = recording_schedule
-    outputs = engine.generate(
-        prompts, sampling, on_step=lambda e: e.scheduler.block_manager.check()
-    )
-    return [o.outputs[0].token_ids for o in outputs], plans
+from tests.support.engine_runs import GREEDY, generate_recording_plans
+from tests.support.reference_model import CONTENDED_NEW_TOKENS
 
 
 def _assert_all_blocks_free(engine: LLMEngine) -> None:
@@ -48,7 +31,7 @@ def test_greedy_matches_transformers(tiny_model_dir, prompts, hf_greedy, block_s
         enable_chunked_prefill=chunked,
     )
     engine = LLMEngine(config)
-    outputs, plans = _run(engine, prompts)
+    outputs, plans = generate_recording_plans(engine, prompts, GREEDY)
     assert outputs == hf_greedy
     chunked_steps = [s for p in plans for s in p.seqs if len(s.token_ids) > 1 and not s.sample]
     assert bool(chunked_steps) == chunked  # prompts were split only when chunking is on
@@ -71,7 +54,7 @@ def test_greedy_matches_transformers_under_preemption(
     )
     engine = LLMEngine(config)
     sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs, plans = _run(engine, contended_prompts, sampling)
+    outputs, plans = generate_recording_plans(engine, contended_prompts, sampling)
     assert outputs == hf_greedy_contended
     assert engine.scheduler.num_preemptions >= 5
     swapped_out = sum(len(p.swap_out) for p in plans)

@@ -10,8 +10,8 @@ from services.engine.llm_engine import LLMEngine
 from services.scheduler.kv_accounting import kv_breakdown
 from services.scheduler.kv_policy import KV_POLICIES
 from shared.sampling import SamplingParams
-from tests.conftest import MAX_NEW_TOKENS
 from tests.factories import engine_config
+from tests.support.reference_model import MAX_NEW_TOKENS
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
-from tests.conftest import MAX_NEW_TOKENS, PROMPT_LENGTHS
 from tests.factories import engine_config
+from tests.support.reference_model import MAX_NEW_TOKENS, PROMPT_LENGTHS
 
 
 def _record_plans(engine: LLMEngine) -> list:

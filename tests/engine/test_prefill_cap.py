@@ -9,8 +9,8 @@ from services.engine.llm_engine import LLMEngine
 from services.scheduler.scheduler import Scheduler
 from shared.config import SchedulerConfig
 from shared.protocol import ExecutorReady
-from tests.engine.test_engine_greedy import _run
 from tests.factories import engine_config
+from tests.support.engine_runs import generate_recording_plans
 from tests.support.scheduler_steps import add, make_scheduler, step
 
 
@@ -153,7 +153,8 @@ def test_greedy_output_with_capped_chunks_equals_transformers(tiny_model_dir, pr
     config = engine_config(tiny_model_dir, max_num_batched_tokens=96)
     config = replace(config, scheduler=replace(config.scheduler, max_prefill_tokens_per_request=8))
     engine = LLMEngine(config)
-    outputs, plans = _run(engine, prompts)  # shortest first: they decode while longer ones fill
+    # Shortest first: they decode while longer ones fill.
+    outputs, plans = generate_recording_plans(engine, prompts)
     assert outputs == hf_greedy
     # Some prompt was computed 8 tokens at a time beside streams that decoded.
     assert any(

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from services.executor.gguf_blocks import read_q4_1, read_q8_0
 from services.executor.quantized import Int4Linear, Int8Embedding, Int8Linear
-from tests.conftest import MAX_NEW_TOKENS
 from tests.factories import engine_config
+from tests.support.reference_model import MAX_NEW_TOKENS
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

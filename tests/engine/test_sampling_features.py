@@ -7,8 +7,8 @@ import torch
 
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
-from tests.conftest import CONTENDED_NEW_TOKENS, _hf_model
 from tests.factories import engine_config
+from tests.support.reference_model import CONTENDED_NEW_TOKENS, hf_model
 
 EOS = 2  # the tiny model's end-of-sequence id
 
@@ -25,7 +25,7 @@ def test_repetition_penalty_greedy_equals_transformers(engine, tiny_model_dir, p
         temperature=0.0, repetition_penalty=penalty, max_tokens=20, ignore_eos=True
     )
     ours = [o.outputs[0].token_ids for o in engine.generate(chosen, sampling)]
-    model = _hf_model(tiny_model_dir)
+    model = hf_model(tiny_model_dir)
     for prompt, tokens in zip(chosen, ours):
         with torch.inference_mode():
             out = model.generate(
@@ -73,7 +73,7 @@ def test_presence_and_frequency_penalties_follow_the_openai_formula(
     )
     [out] = engine.generate([prompts[4]], sampling)
     expected = _openai_penalised_greedy(
-        _hf_model(tiny_model_dir), prompts[4], presence, frequency, 16
+        hf_model(tiny_model_dir), prompts[4], presence, frequency, 16
     )
     assert out.outputs[0].token_ids == expected
 

@@ -10,8 +10,8 @@ import pytest
 from services.engine.llm_engine import LLMEngine
 from shared.config import ParallelConfig
 from shared.sampling import SamplingParams
-from tests.conftest import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
 from tests.factories import engine_config, make_tiny_llama
+from tests.support.reference_model import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
 
 
 def _parallel(config, size: int):

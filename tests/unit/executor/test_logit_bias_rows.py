@@ -8,7 +8,7 @@ from services.executor.counter_rng import row_key
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates
 from shared.sampling import SamplingParams
-from tests.unit.executor.test_sampler import EOS, VOCAB, _logits, reference_draw
+from tests.support.sampling_reference import EOS, VOCAB, random_logits, reference_draw
 
 PROMPT = [4, 7, 7, 11, 12]
 # Names a quarter of the 40-token vocabulary or more: a dense row. Smaller biases stay sparse.
@@ -39,7 +39,7 @@ def test_bias_rows_apply_to_their_own_rows_in_a_mixed_batch_with_forks():
     # Forks read their parent's logits row; draws interleave rows with and without a bias.
     draws = [Draw(0, 0), Draw(1, 1), Draw(2, 2), Draw(1, 4), Draw(3, 3), Draw(1, 5)]
     for trial in range(8):
-        logits = _logits(4, seed=trial)
+        logits = random_logits(4, seed=trial)
         logits[:, [2, 3, 8, 9]] += 4.0  # attractive, so the negative biases and bans matter
         batch = states.build(draws)
         assert batch.bias_rows.tolist() == [1, 3, 5]  # the dense rows: request 1's samples
@@ -59,7 +59,7 @@ def test_a_bias_row_is_no_per_token_edit_and_logprobs_stay_the_models_own():
     states.add(1, SamplingParams(temperature=0.0))
     for seq_id in (0, 1):
         states.observe(seq_id, PROMPT, 0, samples=True)
-    logits = _logits(2)
+    logits = random_logits(2)
     batch = states.build([Draw(0, 0), Draw(1, 1)])
     assert batch.edit_rows is None and batch.bias_rows.tolist() == [0]
     out = sample(logits.clone(), batch)

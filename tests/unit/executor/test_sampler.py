@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -11,13 +9,7 @@ from services.executor.counter_rng import row_key, uniform, uniform_reference
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates
 from shared.sampling import SamplingParams
-
-VOCAB = 40
-EOS = (2,)
-
-
-def _logits(num_rows: int, vocab: int = VOCAB, seed: int = 0) -> torch.Tensor:
-    return torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+from tests.support.sampling_reference import EOS, VOCAB, random_logits, reference_draw
 
 
 def _states(params: list[SamplingParams], vocab: int = VOCAB) -> SamplingStates:
@@ -39,53 +31,6 @@ def _draw(states: SamplingStates, logits: torch.Tensor, rows: list[int] | None =
     draws = [Draw(row, seq_id) for seq_id, row in enumerate(rows)]
     output = sample(logits.clone(), states.build(draws))  # sample() consumes its logits
     return states.results(draws, output)
-
-
-def reference_draw(
-    logits: torch.Tensor,  # [vocab] one row
-    p: SamplingParams,
-    key: int,
-    prompt: list[int],
-    outputs: list[int],
-) -> int:
-    """The same draw, written out plainly one token at a time."""
-    vocab = logits.shape[0]
-    values = [float(v) for v in logits]
-    for token, bias in p.logit_bias:
-        values[token] += bias
-    if len(outputs) < p.min_tokens:
-        for token in set(p.stop_token_ids) | (set() if p.ignore_eos else set(EOS)):
-            values[token] = -math.inf
-    for token in range(vocab):
-        count = outputs.count(token)
-        if token in prompt or count:
-            r = p.repetition_penalty
-            values[token] = values[token] / r if values[token] > 0 else values[token] * r
-        values[token] -= p.frequency_penalty * count + p.presence_penalty * (count > 0)
-    if p.greedy:
-        return max(range(vocab), key=lambda t: values[t])
-    values = [v / p.temperature for v in values]
-    if p.min_p > 0:
-        best = max(values)
-        values = [v if v >= best + math.log(p.min_p) else -math.inf for v in values]
-    order = sorted(range(vocab), key=lambda t: -values[t])
-    if 0 < p.top_k < vocab:
-        for t in order[p.top_k :]:
-            values[t] = -math.inf
-    if p.top_p < 1.0:
-        finite = [values[t] for t in order if values[t] > -math.inf]
-        top = max(finite)
-        weights = [math.exp(v - top) for v in finite]
-        total = sum(weights)
-        mass = 0.0
-        for rank, t in enumerate(order):
-            if rank < len(weights):
-                if mass > p.top_p:
-                    values[t] = -math.inf
-                mass += weights[rank] / total
-    noise = [-math.log(-math.log(uniform_reference(key, t))) for t in range(vocab)]
-    scores = [values[t] + noise[t] if values[t] > -math.inf else -1e30 for t in range(vocab)]
-    return max(range(vocab), key=lambda t: scores[t])
 
 
 OPTIONS = [
@@ -112,7 +57,7 @@ def test_batch_equals_the_reference_for_every_option(trial):
     # All options in one batch: each row must draw what the plain reference draws for it.
     prompt = [4, 7, 7, 11, 12]
     outputs = [[], [9], [7, 7, 13], [2, 5, 5, 5], [1, 20, 21, 22, 23, 24, 30]]
-    logits = _logits(len(OPTIONS), seed=trial)
+    logits = random_logits(len(OPTIONS), seed=trial)
     # Make eos and the stop tokens attractive, so the min_tokens masks matter.
     logits[:, [2, 3, 11]] += 4.0
     # ... and the generated tokens too, so the penalties decide between them and the rest.
@@ -131,7 +76,7 @@ def test_batch_equals_the_reference_for_every_option(trial):
 
 
 def test_greedy_takes_the_argmax_and_tiny_top_p_or_top_k_one_is_greedy():
-    logits = _logits(4)
+    logits = random_logits(4)
     for params in (
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=1e-40, seed=1),
@@ -152,7 +97,7 @@ def _many_draws(logits_row: torch.Tensor, params: SamplingParams, count: int) ->
 
 
 def test_top_k_top_p_and_min_p_keep_exactly_their_tokens():
-    logits = _logits(1, vocab=20)[0]
+    logits = random_logits(1, vocab=20)[0]
     order = logits.argsort(descending=True).tolist()
     probs = logits.softmax(-1)
     drawn = set(_many_draws(logits, SamplingParams(top_k=3, seed=0), 400).tolist())
@@ -188,7 +133,7 @@ def test_draws_follow_the_temperature_scaled_distribution():
 
 def test_seeded_draws_do_not_depend_on_the_batch():
     params = SamplingParams(temperature=1.0, seed=1234)
-    logits = _logits(3, vocab=1000)
+    logits = random_logits(3, vocab=1000)
     alone = _states([params], vocab=1000)
     alone_token = _draw(alone, logits[1:2])[0].token_id
     # Same request as the middle row of a batch, beside unseeded and other seeded rows.
@@ -204,7 +149,7 @@ def test_seeded_draws_do_not_depend_on_the_batch():
 
 
 def test_logprobs_are_the_models_log_softmax():
-    logits = _logits(2, vocab=30)
+    logits = random_logits(2, vocab=30)
     params = SamplingParams(temperature=0.7, seed=5, logprobs=3, presence_penalty=1.0)
     tokens = _draw(_states([params, SamplingParams(temperature=0.0)], vocab=30), logits)
     reference = torch.log_softmax(logits, dim=-1)
@@ -217,7 +162,7 @@ def test_logprobs_are_the_models_log_softmax():
 
 
 def test_best_of_rows_get_their_logprob_without_top_logprobs():
-    logits = _logits(1, vocab=30)
+    logits = random_logits(1, vocab=30)
     [token] = _draw(_states([SamplingParams(n=1, best_of=3, seed=1)], vocab=30), logits)
     expected = torch.log_softmax(logits[0], -1)[token.token_id].item()
     assert token.logprob == pytest.approx(expected, abs=1e-5)

@@ -1,0 +1,29 @@
+"""Run an in-process engine and record what its scheduler planned."""
+
+from __future__ import annotations
+
+from services.engine.llm_engine import LLMEngine
+from shared.sampling import SamplingParams
+from tests.support.reference_model import MAX_NEW_TOKENS
+
+GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def generate_recording_plans(
+    engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams = GREEDY
+):
+    """Each request's first sample's tokens, and every plan the scheduler made on the way
+    (the block tables checked after every step)."""
+    plans = []
+    original_schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        plan = original_schedule()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule
+    outputs = engine.generate(
+        prompts, sampling, on_step=lambda e: e.scheduler.block_manager.check()
+    )
+    return [o.outputs[0].token_ids for o in outputs], plans
