@@ -102,8 +102,4 @@ def test_a_step_without_progress_is_an_error_for_every_caller():
         loop.finish(plan, StepResult(plan.step_id, []))
 
 
-def test_the_engine_and_the_service_share_the_step_loop():
-    from services.engine import llm_engine
-    from services.scheduler import service
-
-    assert llm_engine.StepLoop is StepLoop and service.StepLoop is StepLoop
+# That the engine and the service run one step loop: tests/engine/test_engine_core.py.
