@@ -26,7 +26,7 @@ def _queried_metrics() -> set[str]:
     return {m for p in _panels() for t in p["targets"] for m in METRIC.findall(t["expr"])}
 
 
-async def test_every_queried_metric_is_in_metrics(serve):  # noqa: F811
+async def test_every_queried_metric_is_in_metrics(serve):
     client, _ = await serve()
     # One request of each kind, so the labelled and histogram series have samples.
     body = {"model": "tiny", "messages": CHAT, "max_tokens": 4}

@@ -134,3 +134,28 @@ async def stream(session, url: str, body: dict, on_event=None) -> dict:
             if on_event is not None:
                 on_event()
     return out
+
+
+async def stream_completion(session, url, model, prompt_ids, max_tokens) -> tuple[str, str]:
+    """A greedy streamed completion of token ids: its text and the last finish reason."""
+    body = {
+        "model": model,
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    text, finish = "", None
+    async with session.post(f"{url}/v1/completions", json=body, headers=HEADERS) as response:
+        assert response.status == 200
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                break
+            choice = json.loads(line[len("data: ") :])["choices"][0]
+            text += choice["text"]
+            finish = choice["finish_reason"] or finish
+    return text, finish

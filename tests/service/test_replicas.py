@@ -14,8 +14,7 @@ from services.gateway.replicas import ReplicaRouter
 from shared.protocol import GenerateRequest, RequestDelta, SeqDelta
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
-from tests.service.stack_process import HEADERS, ServeProcess
-from tests.service.test_stack import _stream_completion
+from tests.service.stack_process import HEADERS, ServeProcess, stream_completion
 
 
 class FakeReplica:
@@ -82,7 +81,7 @@ async def test_two_replicas_serve_32_streams_with_identical_greedy_outputs(
     prompts = random_prompts([5 + 3 * i for i in range(32)], 384, seed=9)
     async with aiohttp.ClientSession() as session:
         streamed = await asyncio.gather(
-            *(_stream_completion(session, url, model, p, 8) for p in prompts)
+            *(stream_completion(session, url, model, p, 8) for p in prompts)
         )
         async with session.get(f"{url}/metrics", headers=HEADERS) as response:
             metrics = await response.text()

@@ -15,48 +15,7 @@ import pytest
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
-from tests.service.stack_process import API_KEY, HEADERS, ServeProcess, metric
-
-NUM_BLOCKS = 256
-
-
-@pytest.fixture(scope="module")
-def stack(tiny_model_dir, tmp_path_factory):
-    """A running stack; yields (base_url, model_name, plan_log_path)."""
-    plan_log = tmp_path_factory.mktemp("stack") / "plans.jsonl"
-    serve = ServeProcess(
-        tiny_model_dir,
-        "--num-device-blocks", str(NUM_BLOCKS), "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "256", "--plan-log", str(plan_log),
-    )  # fmt: skip
-    try:
-        yield serve.url, serve.model, plan_log
-    finally:
-        assert serve.stop() == 0
-
-
-async def _stream_completion(session, url, model, prompt_ids, max_tokens) -> tuple[str, str]:
-    body = {
-        "model": model,
-        "prompt": prompt_ids,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    text, finish = "", None
-    async with session.post(f"{url}/v1/completions", json=body, headers=HEADERS) as response:
-        assert response.status == 200
-        async for raw in response.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                break
-            choice = json.loads(line[len("data: ") :])["choices"][0]
-            text += choice["text"]
-            finish = choice["finish_reason"] or finish
-    return text, finish
+from tests.service.stack_process import API_KEY, HEADERS, metric, stream_completion
 
 
 async def test_openai_client_streams_chat_and_completions(stack):
@@ -93,7 +52,7 @@ async def test_streamed_greedy_text_equals_the_in_process_engine(stack, tiny_mod
     url, model, _ = stack
     async with aiohttp.ClientSession() as session:
         streamed = await asyncio.gather(
-            *(_stream_completion(session, url, model, p, 10) for p in prompts[:6])
+            *(stream_completion(session, url, model, p, 10) for p in prompts[:6])
         )
     engine = LLMEngine(engine_config(tiny_model_dir))
     greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -150,7 +109,7 @@ async def test_32_concurrent_streams_complete_with_continuous_batching(stack, pr
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
             *(
-                _stream_completion(session, url, model, prompts[i % len(prompts)][:20], n)
+                stream_completion(session, url, model, prompts[i % len(prompts)][:20], n)
                 for i, n in enumerate(lengths)
             )
         )
@@ -175,8 +134,8 @@ async def test_a_repeated_prompt_is_served_from_the_prefix_cache(stack):
     names = ("pagedserve_prefix_cache_hit_tokens_total", "pagedserve_prefix_cache_blocks")
     async with aiohttp.ClientSession() as session:
         hits_before = await metric(session, url, names[0])
-        first, _ = await _stream_completion(session, url, model, prompt, 4)
-        second, _ = await _stream_completion(session, url, model, prompt, 4)
+        first, _ = await stream_completion(session, url, model, prompt, 4)
+        second, _ = await stream_completion(session, url, model, prompt, 4)
         assert second == first
         for _ in range(100):
             if await metric(session, url, names[0]) - hits_before >= 32:
@@ -237,7 +196,7 @@ async def test_bad_input_gets_its_status_and_the_server_keeps_serving(
         assert error["message"] and error["type"]
         if param is not None:
             assert error["param"] == param
-        text, finish = await _stream_completion(session, url, model, [5, 6, 7], 3)
+        text, finish = await stream_completion(session, url, model, [5, 6, 7], 3)
         assert finish == "length"
 
 

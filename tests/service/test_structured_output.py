@@ -1,5 +1,4 @@
 """Structured output, best_of and penalties through `pagedserve serve` and the `openai` client."""
-# ruff: noqa: F811 - the stack fixture is imported by name and then requested
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.service.test_stack import API_KEY, stack  # noqa: F401 - fixture
+from tests.service.stack_process import API_KEY
 
 ENUM_SCHEMA = {"enum": ["paris", "london", "berlin", "madrid"]}
 OBJECT_SCHEMA = {

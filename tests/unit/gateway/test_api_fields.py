@@ -1,5 +1,4 @@
 """The API fields beyond the basics: each is parsed into SamplingParams, or refused by name."""
-# ruff: noqa: F811 - the gateway fixtures are imported by name and then requested
 
 from __future__ import annotations
 
@@ -188,7 +187,7 @@ async def test_unsupported_field_over_http_is_an_openai_error(serve):
 
 
 async def test_stop_strings_wait_for_min_tokens(serve, tokenizer):
-    from tests.unit.gateway.test_gateway_http import REPLY
+    from tests.support.gateway_fakes import REPLY
 
     client, _ = await serve()
     reply_ids = tokenizer.encode(REPLY)

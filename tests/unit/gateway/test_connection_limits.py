@@ -140,7 +140,7 @@ async def _body_attack(port: int, first: bytes, pieces: Any, limit_s: float) -> 
 
 
 @on_uvloop
-async def test_a_body_shorter_than_its_content_length_is_answered_408(tokenizer):  # noqa: F811
+async def test_a_body_shorter_than_its_content_length_is_answered_408(tokenizer):
     async with listening(tokenizer, body_read_timeout_s=1.0) as (port, _):
         head = _head("POST", "/v1/completions", "Content-Type: application/json",
                      f"Content-Length: {10 * len(BODY)}")  # fmt: skip
@@ -151,7 +151,7 @@ async def test_a_body_shorter_than_its_content_length_is_answered_408(tokenizer)
 
 
 @on_uvloop
-async def test_a_chunked_body_that_never_ends_is_answered_408(tokenizer):  # noqa: F811
+async def test_a_chunked_body_that_never_ends_is_answered_408(tokenizer):
     async with listening(tokenizer, body_read_timeout_s=1.0) as (port, _):
         head = _head("POST", "/v1/completions", "Content-Type: application/json",
                      "Transfer-Encoding: chunked")  # fmt: skip
@@ -175,7 +175,7 @@ async def _slow_body_completion(port: int, every_s: float) -> tuple[int, bytes]:
 
 
 @on_uvloop
-async def test_a_head_sent_a_byte_at_a_time_is_closed(tokenizer):  # noqa: F811
+async def test_a_head_sent_a_byte_at_a_time_is_closed(tokenizer):
     async with listening(tokenizer, **HEAD_TIMER_ONLY) as (port, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         padding = b"X-Pad: a\r\n" * 1000  # the blank line that ends a head never comes
@@ -194,7 +194,7 @@ async def test_a_head_sent_a_byte_at_a_time_is_closed(tokenizer):  # noqa: F811
 
 
 @on_uvloop
-async def test_an_idle_keep_alive_connection_is_closed(tokenizer):  # noqa: F811
+async def test_an_idle_keep_alive_connection_is_closed(tokenizer):
     async with listening(tokenizer, **KEEPALIVE_ONLY) as (port, _):
         reader, writer, status = await _get(port, "/health")
         try:
@@ -206,7 +206,7 @@ async def test_an_idle_keep_alive_connection_is_closed(tokenizer):  # noqa: F811
 
 
 @on_uvloop
-async def test_connections_past_the_cap_are_refused_until_some_close(tokenizer):  # noqa: F811
+async def test_connections_past_the_cap_are_refused_until_some_close(tokenizer):
     async with listening(tokenizer, max_connections=4) as (port, guard):
         held = [await _get(port, "/health") for _ in range(4)]
         assert [status for _, _, status in held] == [200] * 4  # all four open, and served

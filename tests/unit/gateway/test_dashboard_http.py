@@ -20,7 +20,7 @@ def _basic(password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"anyone:{password}".encode()).decode()}
 
 
-async def test_the_page_and_the_map_need_the_key(serve):  # noqa: F811
+async def test_the_page_and_the_map_need_the_key(serve):
     client, backend = await serve(api_key=KEY)
     backend.kv_state = lambda: _async(kv_snapshot(contended("swap"), PreemptionLog()))
 
@@ -44,7 +44,7 @@ async def test_the_page_and_the_map_need_the_key(serve):  # noqa: F811
         assert body["summary"]["device_used"] == 4 and body["summary"]["num_waiting"] == 1
 
 
-async def test_a_backend_without_a_block_map_answers_503(serve):  # noqa: F811
+async def test_a_backend_without_a_block_map_answers_503(serve):
     client, _ = await serve()
     response = await client.get("/v1/kv_state")
     assert response.status == 503

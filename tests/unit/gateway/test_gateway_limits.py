@@ -1,9 +1,5 @@
 """Gateway limits against a fake backend: request timeout, Retry-After, exact in-transit count."""
 
-# The fake backend's fixtures are imported by name so that pytest finds them; ruff reads their
-# use as arguments as redefinitions.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import pytest

@@ -1,7 +1,6 @@
 """Hostile request bodies and headers get a 4xx naming what is wrong, at parse cost, never a 500:
 long logit_bias keys, deep JSON, lone surrogates, non-ASCII credentials, floods of chat messages,
 roles that would write into the template, and huge inputs that would hold every worker thread."""
-# ruff: noqa: F811 - fixtures are imported by name and then requested
 
 from __future__ import annotations
 
