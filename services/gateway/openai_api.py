@@ -8,8 +8,8 @@ from typing import Any, Literal
 from services.gateway.prompts import (
     DEFAULT_MAX_CHAT_MESSAGES,
     chat_prompt_ids,
-    check_prompt_len,
     max_seq_len,
+    request_limits,
     text_prompt_ids,
 )
 from services.gateway.request_fields import reject_unsupported
@@ -50,9 +50,8 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
     if isinstance(prompt, str):
         prompt_ids = text_prompt_ids(prompt, info, tokenizer, "prompt")
     else:
-        _check_token_ids(prompt, info.executor.vocab_size)
         prompt_ids = list(prompt)
-    check_prompt_len(prompt_ids, info, "prompt")
+    request_limits(info).check_prompt(prompt_ids, "prompt")
 
     logprobs = _opt_int(body, "logprobs")
     if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
@@ -92,7 +91,7 @@ def parse_chat_request(
     reject_unsupported(body, "chat")
     model = _check_model(body, info)
     prompt_ids = chat_prompt_ids(body.get("messages"), info, tokenizer, max_messages)
-    check_prompt_len(prompt_ids, info, "messages")
+    request_limits(info).check_prompt(prompt_ids, "messages")
 
     want_logprobs = _opt_bool(body, "logprobs", False)
     top = _opt_int(body, "top_logprobs")
@@ -173,14 +172,6 @@ def _single_prompt(prompt: Any) -> str | list[int]:
     )
 
 
-def _check_token_ids(ids: list[int], vocab_size: int) -> None:
-    for t in ids:
-        if not 0 <= t < vocab_size:
-            raise InvalidRequestError(
-                f"prompt token id {t} is outside the vocabulary [0, {vocab_size})", param="prompt"
-            )
-
-
 def _sampling(
     body: dict[str, Any],
     info: SchedulerReady,
@@ -191,11 +182,8 @@ def _sampling(
     n = _opt_int(body, "n")
     best_of = _opt_int(body, "best_of")
     for name, value in (("n", n), ("best_of", best_of)):
-        if value is not None and value > info.max_num_seqs:
-            raise InvalidRequestError(
-                f"{name}={value} exceeds this server's max_num_seqs={info.max_num_seqs}",
-                param=name,
-            )
+        if value is not None:
+            request_limits(info).check_samples(name, value)
     if best_of is not None and stream and best_of > (n or 1):
         raise InvalidRequestError(
             "best_of > n cannot be streamed: the best candidates are known only at the end",

@@ -8,15 +8,20 @@ from typing import Any
 from shared.chat import render_chat, validate_messages
 from shared.errors import InvalidRequestError
 from shared.protocol import SchedulerReady
+from shared.request_limits import RequestLimits
 from shared.text_codec import encode_text
 
 DEFAULT_MAX_CHAT_MESSAGES = 2048
 
 
+def request_limits(info: SchedulerReady) -> RequestLimits:
+    """The limits the scheduler checks too, from the same announcement."""
+    return RequestLimits.of(info.executor, info.max_num_seqs)
+
+
 def max_seq_len(info: SchedulerReady) -> int:
     """Longest sequence (prompt + output) the model context and the KV pool can hold."""
-    ex = info.executor
-    return min(ex.max_model_len, ex.num_device_blocks * ex.block_size)
+    return request_limits(info).max_seq_len
 
 
 def text_prompt_ids(
@@ -64,16 +69,3 @@ def check_text_len(text_chars: int, info: SchedulerReady, tokenizer: Any, param:
 @functools.cache
 def _longest_token(tokenizer: Any) -> int:
     return max(1, max(len(token) for token in tokenizer.get_vocab()))
-
-
-def check_prompt_len(ids: list[int], info: SchedulerReady, param: str) -> None:
-    if not ids:
-        raise InvalidRequestError("the prompt is empty", param=param)
-    limit = max_seq_len(info)
-    if len(ids) >= limit:
-        raise InvalidRequestError(
-            f"the prompt has {len(ids)} tokens, which leaves no room to generate: "
-            f"at most {limit - 1} prompt tokens fit this server's context",
-            param=param,
-            code="context_length_exceeded",
-        )

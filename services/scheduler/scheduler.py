@@ -37,6 +37,7 @@ from shared.protocol import (
     StepPlan,
     StepResult,
 )
+from shared.request_limits import RequestLimits
 from shared.sampling import SamplingParams
 from shared.structured import check_limits
 
@@ -81,7 +82,8 @@ class Scheduler:
         self.context_cost_tokens = ready.context_cost_tokens
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
-        self.max_seq_len = min(ready.max_model_len, ready.num_device_blocks * ready.block_size)
+        self.limits = RequestLimits.of(ready, config.max_num_seqs)
+        self.max_seq_len = self.limits.max_seq_len
         self.block_manager: BlockManager = self._make_block_manager(ready)
         self.watermark_blocks = int(config.watermark * ready.num_device_blocks)
         self.policy = make_policy(config.scheduling_policy)
@@ -112,16 +114,10 @@ class Scheduler:
         RateLimitError for a grammar request while --max-pending-grammars wait for theirs."""
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="id")
-        self.validate_prompt(prompt_token_ids)
+        self.limits.check_prompt(prompt_token_ids)
         self.block_manager.validate_request(sampling)
         self.policy.check_request(sampling)
-        if sampling.num_samples > self.config.max_num_seqs:
-            param = "best_of" if sampling.best_of else "n"
-            raise InvalidRequestError(
-                f"{param}={sampling.num_samples} exceeds this server's "
-                f"max_num_seqs={self.config.max_num_seqs}",
-                param=param,
-            )
+        self.limits.check_num_samples(sampling)
         if sampling.guided is not None:
             # Only the limits: parsing the spec here would hold the step loop (2.5 s for
             # 10,000 choices); the gateway checked it off its loop, and the executor's compile
@@ -134,16 +130,7 @@ class Scheduler:
                     f"server's --max-pending-grammars); retry later",
                     param="guided",
                 )
-        fields = [("logit_bias", [t for t, _ in sampling.logit_bias])]
-        fields.append(("stop_token_ids", list(sampling.stop_token_ids)))
-        for param, token_ids in fields:
-            for token_id in token_ids:
-                if token_id >= self.vocab_size:
-                    raise InvalidRequestError(
-                        f"{param} token id {token_id} is outside the vocabulary "
-                        f"[0, {self.vocab_size})",
-                        param=param,
-                    )
+        self.limits.check_token_ids(sampling)
         seq = Sequence(self._new_seq_id(), 0, list(prompt_token_ids), len(prompt_token_ids))
         group = SequenceGroup(request_id, self._next_arrival, sampling, [seq])
         if sampling.use_beam_search:
@@ -211,27 +198,6 @@ class Scheduler:
     def has_schedulable(self) -> bool:
         """Something a step could work on: requests waiting only for their grammar are not."""
         return bool(self.running or self.waiting or self.swapped or self._pending_updates)
-
-    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
-        if not prompt_token_ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        bad = [
-            t
-            for t in prompt_token_ids
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})",
-                param="prompt",
-            )
-        if len(prompt_token_ids) >= self.max_seq_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_token_ids)} tokens, which leaves no room to generate: "
-                f"at most {self.max_seq_len - 1} prompt tokens fit the model context and KV cache",
-                param="prompt",
-                code="context_length_exceeded",
-            )
 
     def abort(self, request_id: str) -> GroupUpdate | None:
         """End a request now and free its blocks. Safe while a step holding it is in flight: the
