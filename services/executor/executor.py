@@ -5,15 +5,9 @@ It decides nothing about blocks: every block id, copy and swap comes from the pl
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import functools
 import itertools
-import json
 import logging
-import socket
-import subprocess
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -28,13 +22,15 @@ from services.executor.grammar import GrammarStore
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
 from services.executor.llama import LlamaSpec
+from services.executor.model_setup import DTYPES, eos_token_ids, max_model_len, pick_device
 from services.executor.phase_timer import PhaseTimer
 from services.executor.quantize_model import quantize_model, resolve_quantization
+from services.executor.rank_group import RankGroup
 from services.executor.sampler import sample
-from services.executor.sampling_state import Draw, HostCopy, SamplingStates, start_copy
-from services.executor.tensor_parallel import Shard, broadcast_bytes, check_divisible, init_group
+from services.executor.sampling_state import Draw, SamplingStates, start_copy
+from services.executor.step_in_flight import StepInFlight
+from services.executor.tensor_parallel import check_divisible
 from services.executor.weights import load_hf_config, load_model
-from shared import wire
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
 from shared.model_source import source_gguf
@@ -46,40 +42,8 @@ from shared.protocol import (
     StepPlan,
     StepResult,
 )
-from shared.sampling import SamplingParams
 
 log = logging.getLogger("pagedserve.executor")
-
-
-@dataclasses.dataclass
-class StepInFlight:
-    """A launched step: its device work queued, its sampled ids perhaps still on their way."""
-
-    step_id: int
-    draws: list[Draw] = dataclasses.field(default_factory=list)
-    timer: PhaseTimer | None = None
-    copy: HostCopy | None = None  # the sampled ids (and logprobs) being copied to the host
-    params: list[SamplingParams] | None = None  # each draw's, when some row wants logprobs
-    device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
-    result: StepResult | None = None  # once collected (at launch for a failure)
-
-    @functools.cached_property
-    def rows(self) -> dict[int, int]:
-        """seq_id -> its draw's row of device_tokens; built only when a step reads from it."""
-        return {d.seq_id: i for i, d in enumerate(self.draws)}
-
-    def landed(self) -> bool:
-        """Its device work, the copy of its samples included, is done: collect() would not
-        wait. (The timer's last mark is recorded after everything the step queued.)"""
-        return self.result is not None or self.timer.landed()
-
-
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
 
 
 class Executor:
@@ -93,7 +57,7 @@ class Executor:
             # CPU ranks on one machine share its cores: each takes its share, not all of them.
             size = config.parallel.tensor_parallel_size
             torch.set_num_threads(max(1, torch.get_num_threads() // size))
-        self.device = _device(config.model.device, rank)
+        self.device = pick_device(config.model.device, rank)
         self.ops = select_ops(config.model.attention_backend, self.device)
         block_size = config.cache.block_size
         if self.ops.name == "triton" and block_size & (block_size - 1):
@@ -107,12 +71,9 @@ class Executor:
             raise ValueError(
                 f"tensor-parallel size {size} exceeds the {torch.cuda.device_count()} CUDA devices"
             )
-        self._workers: list[subprocess.Popen] = []
-        self._broken = False
-        self.shard = self._join_ranks(config, rank) if size > 1 else Shard()
-        # Plans travel between ranks as tensors on the collective backend's device.
-        self._comm_device = self.device if self.device.type == "cuda" else torch.device("cpu")
-        self.max_model_len = _max_model_len(hf_config, config.model.max_model_len)
+        self.ranks = RankGroup(config, rank, self.device)
+        self.shard = self.ranks.shard
+        self.max_model_len = max_model_len(hf_config, config.model.max_model_len)
         dtype = DTYPES[config.model.dtype]
         self.model = load_model(
             model_dir, dtype, self.max_model_len, self.ops, self.device, self.shard
@@ -126,7 +87,7 @@ class Executor:
         local_heads = self.model.layers[0].self_attn.num_kv_heads
         cache_spec = dataclasses.replace(self.model.spec, num_kv_heads=local_heads)
         self.cache = KVCache(cache_spec, config.cache, dtype, self.device, self.ops)
-        self.eos_token_ids = _eos_token_ids(model_dir, hf_config)
+        self.eos_token_ids = eos_token_ids(model_dir, hf_config)
         self.model_dir = model_dir
         self.block_tables = DeviceBlockTables(-(-self.max_model_len // block_size), self.device)
         self.sampling = SamplingStates(
@@ -169,58 +130,21 @@ class Executor:
             return None
 
     # ---- tensor parallelism -----------------------------------------------------------------
-    def _join_ranks(self, config: EngineConfig, rank: int) -> Shard:
-        parallel = config.parallel
-        if rank == 0 and parallel.master_port is None:
-            parallel = dataclasses.replace(parallel, master_port=_free_port())
-            config = dataclasses.replace(config, parallel=parallel)
-        if rank == 0 and not parallel.external_workers:
-            for other in range(1, parallel.tensor_parallel_size):
-                self._workers.append(_spawn_rank(config, other))
-            atexit.register(self.close)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        return init_group(
-            rank,
-            parallel.tensor_parallel_size,
-            parallel.master_addr,
-            parallel.master_port,
-            self.device.type,
-        )
-
     def ranks_alive(self) -> bool:
-        """False once a locally started rank has exited or a step failed on this rank (the
-        ranks' collectives can no longer be matched): the executor cannot go on."""
-        return not self._broken and all(worker.poll() is None for worker in self._workers)
+        """False once the tensor-parallel group cannot go on (see RankGroup.alive)."""
+        return self.ranks.alive()
 
     def follow(self) -> None:
         """Ranks 1..: run each plan rank 0 broadcasts, until it broadcasts the stop."""
-        while True:
-            payload = broadcast_bytes(self.shard, None, self._comm_device)
-            if not payload:
-                break
+        while (plan := self.ranks.next_plan()) is not None:
             # Unlike rank 0, a failure here is not survivable: raised, it ends this rank, which
             # rank 0 sees (a closed connection in its next collective, then ranks_alive()).
-            self._execute(wire.decode(payload))
+            self._execute(plan)
         torch.distributed.destroy_process_group()
 
     def close(self) -> None:
         """Rank 0: stop the other ranks (idempotent)."""
-        if self.shard.size == 1 or not self.shard.is_driver:
-            return
-        if not torch.distributed.is_initialized():
-            return
-        healthy = self.ranks_alive()
-        if healthy:
-            broadcast_bytes(self.shard, b"", self._comm_device)
-        for worker in self._workers:
-            if not healthy:  # it may be waiting in a collective that will never complete
-                worker.kill()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-        torch.distributed.destroy_process_group()
+        self.ranks.close()
 
     def _grammar_matcher(self, seq_id: int, guided: tuple[str, str]):
         return self.grammars.matcher(seq_id, guided)
@@ -267,7 +191,7 @@ class Executor:
             if self.shard.size > 1 and self.shard.is_driver:
                 if not self.ranks_alive():
                     raise RuntimeError("a tensor-parallel rank has exited")
-                broadcast_bytes(self.shard, wire.encode(plan), self._comm_device)
+                self.ranks.send_plan(plan)
             flight = self._launch(plan, fills, source)
         except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which ends requests
             flight = StepInFlight(plan.step_id, result=self._failure(plan.step_id, exc))
@@ -304,7 +228,7 @@ class Executor:
             # The other ranks may now wait in a collective this rank will never issue: the
             # group is out of step for good. The executor stops (ranks_alive() turns False)
             # and is replaced like any dead executor.
-            self._broken = True
+            self.ranks.broken = True
         return StepResult(step_id, [], error=f"{type(exc).__name__}: {exc}")
 
     def _forget(self, seq_ids: list[int]) -> None:
@@ -444,58 +368,3 @@ class Executor:
         # between now and its collect() (the next step, launched meanwhile) is not its own.
         timer.mark("sync_out")
         return flight
-
-
-def _device(name: str, rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda was asked for, but torch sees no CUDA device")
-    if name == "cuda":
-        # Ranks of one machine take one device each; ranks spread over machines started by
-        # hand wrap around each machine's devices (rank 1 alone on a one-GPU machine: cuda:0).
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device(name)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn_rank(config: EngineConfig, rank: int) -> subprocess.Popen:
-    import os
-
-    argv = [
-        sys.executable, "-m", "services.executor.tp_worker", "--rank", str(rank),
-        "--config-json", json.dumps(config.to_dict()), "--parent-pid", str(os.getpid()),
-    ]  # fmt: skip
-    return subprocess.Popen(argv)
-
-
-def _max_model_len(hf_config, requested: int | None) -> int:
-    limit = hf_config.max_position_embeddings
-    # Mistral-style sliding windows are not implemented: stay within the window, where full
-    # attention and windowed attention agree.
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
-        limit = min(limit, window)
-    if requested is not None and requested > limit:
-        raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit}")
-    return requested or limit
-
-
-def _eos_token_ids(model_dir: Path, hf_config) -> tuple[int, ...]:
-    ids: set[int] = set()
-    candidates = [getattr(hf_config, "eos_token_id", None)]
-    if (model_dir / "generation_config.json").is_file():
-        from transformers import GenerationConfig
-
-        candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
-    for value in candidates:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(v for v in value if isinstance(v, int))
-    return tuple(sorted(ids))

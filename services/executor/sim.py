@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from services.executor.cost_model import GPUS, MODELS, kv_cache_bytes, step_cost
-from services.executor.executor import StepInFlight
+from services.executor.step_in_flight import StepInFlight
 from shared.config import EngineConfig
 from shared.protocol import ExecutorReady, SampledToken, StepPlan, StepResult
 

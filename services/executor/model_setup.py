@@ -1,0 +1,54 @@
+"""What the executor settles from the config and the checkpoint before it loads weights: the
+device, the dtype, the context limit and the end-of-sequence ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+def pick_device(name: str, rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for, but torch sees no CUDA device")
+    if name == "cuda":
+        # Ranks of one machine take one device each; ranks spread over machines started by
+        # hand wrap around each machine's devices (rank 1 alone on a one-GPU machine: cuda:0).
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(name)
+
+
+def max_model_len(hf_config, requested: int | None) -> int:
+    limit = hf_config.max_position_embeddings
+    # Mistral-style sliding windows are not implemented: stay within the window, where full
+    # attention and windowed attention agree.
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True):
+        limit = min(limit, window)
+    if requested is not None and requested > limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit}")
+    return requested or limit
+
+
+def eos_token_ids(model_dir: Path, hf_config) -> tuple[int, ...]:
+    ids: set[int] = set()
+    candidates = [getattr(hf_config, "eos_token_id", None)]
+    if (model_dir / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        candidates.append(GenerationConfig.from_pretrained(model_dir).eos_token_id)
+    for value in candidates:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return tuple(sorted(ids))

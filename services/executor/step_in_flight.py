@@ -1,0 +1,36 @@
+"""StepInFlight: a launched step, from launch() until its collect()."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from services.executor.phase_timer import PhaseTimer
+from services.executor.sampling_state import Draw, HostCopy
+from shared.protocol import StepResult
+from shared.sampling import SamplingParams
+
+
+@dataclasses.dataclass
+class StepInFlight:
+    """A launched step: its device work queued, its sampled ids perhaps still on their way."""
+
+    step_id: int
+    draws: list[Draw] = dataclasses.field(default_factory=list)
+    timer: PhaseTimer | None = None
+    copy: HostCopy | None = None  # the sampled ids (and logprobs) being copied to the host
+    params: list[SamplingParams] | None = None  # each draw's, when some row wants logprobs
+    device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
+    result: StepResult | None = None  # once collected (at launch for a failure)
+
+    @functools.cached_property
+    def rows(self) -> dict[int, int]:
+        """seq_id -> its draw's row of device_tokens; built only when a step reads from it."""
+        return {d.seq_id: i for i, d in enumerate(self.draws)}
+
+    def landed(self) -> bool:
+        """Its device work, the copy of its samples included, is done: collect() would not
+        wait. (The timer's last mark is recorded after everything the step queued.)"""
+        return self.result is not None or self.timer.landed()
