@@ -20,6 +20,7 @@ from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.policies import make_policy
 from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
+from services.scheduler.step_plans import PlanEntry, StepPlans
 from services.scheduler.stop_rules import check_stop, max_output_tokens
 from shared.config import GrammarConfig, SchedulerConfig
 from shared.errors import (
@@ -29,11 +30,9 @@ from shared.errors import (
     ServiceUnavailableError,
 )
 from shared.protocol import (
-    PENDING_TOKEN,
     CompileGrammar,
     ExecutorReady,
     SampledToken,
-    ScheduledSeq,
     StepPlan,
     StepResult,
 )
@@ -50,14 +49,6 @@ class GroupUpdate:
     new_tokens: list[tuple[Sequence, SampledToken]] = field(default_factory=list)
     finished: bool = False
     error: dict | None = None  # the OpenAI error object of a request ended by an error
-
-
-@dataclass
-class _Entry:
-    seq: Sequence
-    group: SequenceGroup
-    num_new_tokens: int
-    fork_seq_ids: list[int]
 
 
 class Scheduler:
@@ -93,16 +84,13 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.groups: dict[str, SequenceGroup] = {}
-        self._inflight: dict[int, list[_Entry]] = {}  # step_id -> what that plan scheduled
-        self._inflight_victims: dict[int, list[SequenceGroup]] = {}  # step_id -> swapped out
-        self._freed_seq_ids: list[int] = []
+        self.plans = StepPlans()
         # Sequences whose grammar wait ended unadmitted: told to the executor at once, not with
         # the next plan (there may be none for long), so that it stops their compiles.
         self._grammar_forgets: list[int] = []
         self._pending_updates: list[GroupUpdate] = []  # requests ended by schedule() itself
         self._next_seq_id = 0
         self._next_arrival = 0
-        self._next_step_id = 0
         self.num_preemptions = 0
         self.prefix_reuse = PrefixReuse(self.block_size)
 
@@ -244,9 +232,7 @@ class Scheduler:
                 self.grammar_waits.hold(group)
         groups = [g for g in groups if g.sampling.guided is None]
         self.running, self.swapped, self.waiting = [], [], deque(groups)
-        self._inflight.clear()
-        self._inflight_victims.clear()
-        self._freed_seq_ids = []  # the new executor knows none of them
+        self.plans.forget()
         self._grammar_forgets = []
 
     def _make_block_manager(self, ready: ExecutorReady) -> BlockManager:
@@ -276,12 +262,12 @@ class Scheduler:
 
     # ---- one step -----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        if self._inflight:
+        if self.plans.inflight:
             # Its counters would count the step in flight as not computed and plan it again.
             raise RuntimeError("schedule() while a step is in flight: await its result first")
         budget = self.token_budget
         cap, decoding = self._prefill_cap()
-        entries: list[_Entry] = []
+        entries: list[PlanEntry] = []
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
         victims: list[SequenceGroup] = []  # swapped out by this plan
@@ -327,7 +313,7 @@ class Scheduler:
                 break
             budget -= used
 
-        return self._make_plan(entries, swap_out, swap_in, victims)
+        return self.plans.plan(self.block_manager, entries, swap_out, swap_in, victims)
 
     def schedule_ahead(self) -> StepPlan | None:
         """Plan the next step while the one in flight runs (async scheduling), or None when the
@@ -339,27 +325,15 @@ class Scheduler:
         seat, blocks or budget, does not stop it: schedule() would not start it either, and the
         first step after room appears is a synchronous one.)
         """
-        if len(self._inflight) != 1 or self._pending_updates:
+        if len(self.plans.inflight) != 1 or self._pending_updates:
             return None
         if (self.waiting or self.swapped) and self._could_start_queued():
             return None
-        (entries,) = self._inflight.values()
+        (entries,) = self.plans.inflight.values()
         ahead = lookahead_seqs(entries, self.running, self.max_seq_len)
         if ahead is None:
             return None
-        # The step in flight computes position num_computed_tokens; this one the next.
-        writes = [(e.seq.seq_id, e.seq.num_computed_tokens + 1, 1) for e in ahead]
-        if self.block_manager.num_new_blocks(writes) > self.block_manager.device.num_free:
-            return None
-        new_entries, seqs = [], []
-        for entry, (seq_id, position, _) in zip(ahead, writes):
-            self.block_manager.allocate_slots(seq_id, position, 1)
-            block_ids, replace = self.block_manager.take_table_update(seq_id)
-            new_entries.append(_Entry(entry.seq, entry.group, 1, []))
-            seqs.append(
-                ScheduledSeq(seq_id, [PENDING_TOKEN], position, block_ids, replace, sample=True)
-            )
-        return self._issue(seqs, new_entries, [], [], [])
+        return self.plans.plan_ahead(self.block_manager, ahead)
 
     def _could_start_queued(self) -> bool:
         """Whether schedule() might admit or swap in the head of the queues now. Errs towards
@@ -425,7 +399,7 @@ class Scheduler:
         return queued > 1 or (queued == 1 and group not in heads)
 
     def _swap_in(
-        self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
+        self, budget: int, entries: list[PlanEntry], swap_in: list[tuple[int, int]]
     ) -> int | None:
         """Bring swapped[0] back; the tokens it computes, or None when it must wait."""
         group = self.swapped[0]
@@ -449,7 +423,7 @@ class Scheduler:
         return self._write(group, writes, entries)
 
     def _admit(
-        self, budget: int, entries: list[_Entry], swap_in: list[tuple[int, int]]
+        self, budget: int, entries: list[PlanEntry], swap_in: list[tuple[int, int]]
     ) -> int | None:
         """Admit waiting[0] (new or recompute-preempted); its tokens, or None when it must wait."""
         group = self.waiting[0]
@@ -483,8 +457,7 @@ class Scheduler:
 
     def update(self, result: StepResult) -> list[GroupUpdate]:
         """Apply the executor's reply: advance counters, append tokens, fork, finish, free."""
-        entries = self._inflight.pop(result.step_id)
-        victims = self._inflight_victims.pop(result.step_id)
+        entries, victims = self.plans.take(result.step_id)
         updates = {u.group.request_id: u for u in self._pending_updates}
         self._pending_updates = []
         if result.error is not None:
@@ -497,7 +470,7 @@ class Scheduler:
             # The whole group ends, also samples that were not in this step, and children the
             # executor may already have created for a fork are forgotten there too.
             for entry in entries:
-                self._freed_seq_ids.extend(entry.fork_seq_ids)
+                self.plans.freed_seq_ids.extend(entry.fork_seq_ids)
                 group = entry.group
                 if group.is_finished:
                     continue  # aborted while the step ran: already reported once
@@ -514,7 +487,7 @@ class Scheduler:
         for entry in entries:
             seq, group = entry.seq, entry.group
             if seq.is_finished:  # aborted while the step ran
-                self._freed_seq_ids.extend(entry.fork_seq_ids)
+                self.plans.freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
             self.prefix_reuse.note_computed(self.block_manager, group, seq, entry.num_new_tokens)
@@ -544,7 +517,7 @@ class Scheduler:
         for group in beam_groups:
             if all(s.seq_id in group.beam_draws for s in group.live_seqs()):
                 freed, done = advance_beams(group, self.block_manager, self._new_seq_id)
-                self._freed_seq_ids.extend(freed)
+                self.plans.freed_seq_ids.extend(freed)
                 if done:
                     self.groups.pop(group.request_id, None)
                 self._remove_if_done(group, updates)  # results go out only at the end
@@ -596,7 +569,7 @@ class Scheduler:
         return needed <= self.block_manager.device.num_free
 
     def _write(
-        self, group: SequenceGroup, writes: list[tuple[Sequence, int]], entries: list[_Entry]
+        self, group: SequenceGroup, writes: list[tuple[Sequence, int]], entries: list[PlanEntry]
     ) -> int:
         for seq, n in writes:
             self.block_manager.allocate_slots(seq.seq_id, seq.num_computed_tokens, n)
@@ -606,7 +579,7 @@ class Scheduler:
             if finishes_prompt and num_samples > 1 and not group.forked and group.beam is None:
                 fork_ids = [self._new_seq_id() for _ in range(num_samples - 1)]
                 group.forked = True  # reserved now; the child sequences appear in update()
-            entries.append(_Entry(seq, group, n, fork_ids))
+            entries.append(PlanEntry(seq, group, n, fork_ids))
         return sum(n for _, n in writes)
 
     def _preempt(self, group: SequenceGroup, swap_out: list[tuple[int, int]]) -> bool:
@@ -632,60 +605,6 @@ class Scheduler:
         group.set_status(SeqStatus.WAITING)
         self.policy.enqueue(self.waiting, group)
 
-    def _make_plan(
-        self,
-        entries: list[_Entry],
-        swap_out: list[tuple[int, int]],
-        swap_in: list[tuple[int, int]],
-        victims: list[SequenceGroup],
-    ) -> StepPlan:
-        seqs = []
-        for entry in entries:
-            seq = entry.seq
-            block_ids, replace = self.block_manager.take_table_update(seq.seq_id)
-            start = seq.num_computed_tokens
-            end = start + entry.num_new_tokens
-            seqs.append(
-                ScheduledSeq(
-                    seq_id=seq.seq_id,
-                    token_ids=seq.token_ids[start:end],
-                    start_pos=start,
-                    block_ids=block_ids,
-                    replace_table=replace,
-                    sample=end == seq.num_tokens,
-                    fork_seq_ids=entry.fork_seq_ids,
-                    sampling=None if seq.announced else entry.group.sampling,
-                    sample_index=seq.index,
-                    prompt_len=None if seq.announced else seq.prompt_len,
-                )
-            )
-            seq.announced = True
-        return self._issue(seqs, entries, swap_out, swap_in, victims)
-
-    def _issue(
-        self,
-        seqs: list[ScheduledSeq],
-        entries: list[_Entry],
-        swap_out: list[tuple[int, int]],
-        swap_in: list[tuple[int, int]],
-        victims: list[SequenceGroup],
-    ) -> StepPlan:
-        """The plan of these scheduled sequences, with the pending copies and freed ids; it is
-        in flight from now until update() takes its result."""
-        plan = StepPlan(
-            step_id=self._next_step_id,
-            seqs=seqs,
-            swap_out=swap_out,
-            swap_in=swap_in,
-            copies=self.block_manager.take_copies(),
-            freed_seq_ids=self._freed_seq_ids,
-        )
-        self._freed_seq_ids = []
-        self._inflight[plan.step_id] = entries
-        self._inflight_victims[plan.step_id] = victims
-        self._next_step_id += 1
-        return plan
-
     def _fork(self, group: SequenceGroup, parent: Sequence, child_id: int) -> Sequence:
         child = Sequence(
             child_id,
@@ -704,7 +623,7 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         self.block_manager.free(seq.seq_id)
-        self._freed_seq_ids.append(seq.seq_id)
+        self.plans.freed_seq_ids.append(seq.seq_id)
         if group.is_finished:
             self.groups.pop(group.request_id, None)
 

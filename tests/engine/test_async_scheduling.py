@@ -29,7 +29,7 @@ def _run(engine: LLMEngine, prompts, params) -> tuple[list, list]:
     outputs = engine.generate(prompts, params, on_step=lambda e: e.scheduler.block_manager.check())
     manager = engine.scheduler.block_manager
     assert manager.device.num_free == manager.device.num_blocks
-    assert not engine.scheduler._inflight
+    assert not engine.scheduler.plans.inflight
     return [
         [(o.token_ids, o.finish_reason, o.logprobs, o.cumulative_logprob) for o in out.outputs]
         for out in outputs

@@ -1,0 +1,121 @@
+"""Plan assembly: the StepPlan the executor runs, built from what the scheduler decided, and the
+plans in flight until update() takes their results.
+
+Two builders: a full plan (any mix of prompt chunks, decodes, forks and cache moves) and the
+lookahead plan of async scheduling (one PENDING_TOKEN decode per sequence of the plan in
+flight). Both end in one place, which numbers the plan and hands over the pending block copies
+and freed sequence ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.block_manager import BlockManager
+from services.scheduler.sequence import Sequence, SequenceGroup
+from shared.protocol import PENDING_TOKEN, ScheduledSeq, StepPlan
+
+
+@dataclass
+class PlanEntry:
+    """One sequence's share of a planned step, as the scheduler decided it."""
+
+    seq: Sequence
+    group: SequenceGroup
+    num_new_tokens: int
+    fork_seq_ids: list[int]
+
+
+class StepPlans:
+    def __init__(self) -> None:
+        self.inflight: dict[int, list[PlanEntry]] = {}  # step_id -> what that plan scheduled
+        self._victims: dict[int, list[SequenceGroup]] = {}  # step_id -> swapped out by it
+        # Sequences ended since the last plan: the next plan tells the executor to forget them.
+        self.freed_seq_ids: list[int] = []
+        self._next_step_id = 0
+
+    def plan(
+        self,
+        block_manager: BlockManager,
+        entries: list[PlanEntry],
+        swap_out: list[tuple[int, int]],
+        swap_in: list[tuple[int, int]],
+        victims: list[SequenceGroup],
+    ) -> StepPlan:
+        """The plan of a scheduled step; a sequence's sampling parameters and prompt length go
+        with its first appearance only."""
+        seqs = []
+        for entry in entries:
+            seq = entry.seq
+            block_ids, replace = block_manager.take_table_update(seq.seq_id)
+            start = seq.num_computed_tokens
+            end = start + entry.num_new_tokens
+            seqs.append(
+                ScheduledSeq(
+                    seq_id=seq.seq_id,
+                    token_ids=seq.token_ids[start:end],
+                    start_pos=start,
+                    block_ids=block_ids,
+                    replace_table=replace,
+                    sample=end == seq.num_tokens,
+                    fork_seq_ids=entry.fork_seq_ids,
+                    sampling=None if seq.announced else entry.group.sampling,
+                    sample_index=seq.index,
+                    prompt_len=None if seq.announced else seq.prompt_len,
+                )
+            )
+            seq.announced = True
+        return self._issue(block_manager, seqs, entries, swap_out, swap_in, victims)
+
+    def plan_ahead(self, block_manager: BlockManager, ahead: list[PlanEntry]) -> StepPlan | None:
+        """The next decode of each of `ahead` (entries of the one plan in flight), with the
+        token that plan samples still unknown; None when their new blocks do not fit."""
+        # The step in flight computes position num_computed_tokens; this one the next.
+        writes = [(e.seq.seq_id, e.seq.num_computed_tokens + 1, 1) for e in ahead]
+        if block_manager.num_new_blocks(writes) > block_manager.device.num_free:
+            return None
+        new_entries, seqs = [], []
+        for entry, (seq_id, position, _) in zip(ahead, writes):
+            block_manager.allocate_slots(seq_id, position, 1)
+            block_ids, replace = block_manager.take_table_update(seq_id)
+            new_entries.append(PlanEntry(entry.seq, entry.group, 1, []))
+            seqs.append(
+                ScheduledSeq(seq_id, [PENDING_TOKEN], position, block_ids, replace, sample=True)
+            )
+        return self._issue(block_manager, seqs, new_entries, [], [], [])
+
+    def take(self, step_id: int) -> tuple[list[PlanEntry], list[SequenceGroup]]:
+        """A plan's entries and swap-out victims, once its result is in: no longer in flight."""
+        return self.inflight.pop(step_id), self._victims.pop(step_id)
+
+    def forget(self) -> None:
+        """A new executor replaced the one that ran these plans: none of them returns, and it
+        knows no sequence to forget."""
+        self.inflight.clear()
+        self._victims.clear()
+        self.freed_seq_ids = []
+
+    def _issue(
+        self,
+        block_manager: BlockManager,
+        seqs: list[ScheduledSeq],
+        entries: list[PlanEntry],
+        swap_out: list[tuple[int, int]],
+        swap_in: list[tuple[int, int]],
+        victims: list[SequenceGroup],
+    ) -> StepPlan:
+        """The plan of these scheduled sequences, with the pending copies and freed ids; it is
+        in flight from now until update() takes its result."""
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            seqs=seqs,
+            swap_out=swap_out,
+            swap_in=swap_in,
+            copies=block_manager.take_copies(),
+            freed_seq_ids=self.freed_seq_ids,
+        )
+        self.freed_seq_ids = []
+        self.inflight[plan.step_id] = entries
+        self._victims[plan.step_id] = victims
+        self._next_step_id += 1
+        return plan
