@@ -9,7 +9,7 @@ Prefill: for 1/8/32 prompts of 128..2048 tokens, `kernels.triton_prefill.paged_p
 padded to one length, with the TFLOP/s each achieves. Writes JSON. Needs CUDA; elsewhere it says
 so and exits 1.
 
-    .venv/bin/python benchmarks/kernels.py --dtype bfloat16
+    .venv/bin/python benchmarks/attention_kernels.py --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -129,7 +127,7 @@ def main() -> int:
     parser.add_argument("--output", default="benchmarks/results/kernels.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA device; GPU figures are not measured here.")
+        print("benchmarks/attention_kernels.py needs a CUDA device; GPU figures are not measured here.")
         return 1
 
     device = torch.device("cuda")

@@ -15,31 +15,16 @@ import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from offline_throughput import matmul_gflops  # noqa: E402  (this script's own folder)
-
-from services.bench.traces import scale_trace, synthetic_trace  # noqa: E402
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from services.executor.cost_model import MODELS, GpuSpec, step_cost  # noqa: E402
-from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
-
-
-def copy_bandwidth(num_bytes: int = 256 << 20, seconds: float = 1.0) -> float:
-    src = torch.empty(num_bytes // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        dst.copy_(src)
-        count += 1
-    return 2 * num_bytes * count / (time.perf_counter() - start)  # read + write
+from services.bench.cpu_rates import copy_bandwidth, matmul_gflops
+from services.bench.traces import scale_trace, synthetic_trace
+from services.engine.llm_engine import LLMEngine
+from services.executor.cost_model import MODELS, GpuSpec, step_cost
+from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from shared.sampling import SamplingParams
 
 
 def measured_run(engine: LLMEngine, seed: int, num_requests: int, scale: float):
@@ -94,10 +79,15 @@ def _errors(modeled: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     }
 
 
-def calibrate(engine: LLMEngine, gpu: GpuSpec, model) -> dict:
+# (name, seed, requests, length scale): the fit run and the held-out check run.
+RUNS = (("fit", 0, 12, 0.1), ("check", 1, 16, 0.08))
+SMOKE_RUNS = (("fit", 0, 3, 0.03), ("check", 1, 3, 0.03))
+
+
+def calibrate(engine: LLMEngine, gpu: GpuSpec, model, runs_spec=RUNS) -> dict:
     """One fit run, one held-out check run; each calibration's errors on both."""
     runs = {}
-    for name, seed, num_requests, scale in (("fit", 0, 12, 0.1), ("check", 1, 16, 0.08)):
+    for name, seed, num_requests, scale in runs_spec:
         plans, measured = measured_run(engine, seed, num_requests, scale)
         roofline = np.array([step_cost(p, gpu, model, 16, 0.0).seconds for p in plans])
         runs[name] = (plans, measured, roofline)
@@ -124,9 +114,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="fit/check pairs, for the spread")
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny runs and short probes: checks it runs, no figure"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    flops, bandwidth = matmul_gflops(64, 576, 1536) * 1e9, copy_bandwidth()
+    probe_s = 0.05 if args.smoke else 1.0
+    flops = matmul_gflops(64, 576, 1536, probe_s) * 1e9
+    bandwidth = copy_bandwidth(seconds=probe_s)
     print(f"this CPU now: fp32 GEMM {flops / 1e9:.1f} GFLOP/s, copy {bandwidth / 1e9:.2f} GB/s")
     gpu = GpuSpec("cpu-measured", 0, bandwidth, flops, bandwidth, 0.0)
     model = MODELS["smollm2-135m"]
@@ -139,7 +134,7 @@ def main() -> int:
     engine = LLMEngine(config)
     repeats = []
     for index in range(args.repeats):
-        report = calibrate(engine, gpu, model)
+        report = calibrate(engine, gpu, model, SMOKE_RUNS if args.smoke else RUNS)
         repeats.append(report)
         eff = report["effective_rate_fit"]
         print(

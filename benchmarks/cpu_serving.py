@@ -26,21 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.bench.http_load import run_load  # noqa: E402
-from services.bench.latency import summarize  # noqa: E402
-from services.bench.server import wait_healthy  # noqa: E402
-from services.bench.traces import TraceRequest  # noqa: E402
-from shared.model_source import embedded_gguf_path, resolve_model  # noqa: E402
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from services.bench.http_load import run_load
+from services.bench.latency import summarize
+from services.bench.server import free_port, wait_healthy
+from services.bench.traces import TraceRequest
+from shared.model_source import embedded_gguf_path, resolve_model
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -71,13 +61,15 @@ def llama_server_argv(binary: str, gguf: str, port: int, threads: int, args) -> 
     ]  # fmt: skip
 
 
-def make_trace(args, run: int) -> list[TraceRequest]:
+def make_trace(args, run: int, vocab_size: int) -> list[TraceRequest]:
     # New prompts every run: a server that caches prompts (llama-server keeps each slot's last
     # prompt) must not answer a repeated run from its cache.
     rng = random.Random(args.seed * 1000 + run)
-    # Ids from the ordinary part of the vocabulary: no special tokens in a random prompt.
+    # Ids from the ordinary part of the vocabulary (1000-40000 of SmolLM2's 49,152, the same
+    # share of a smaller one): no special tokens in a random prompt.
+    low, high = min(1000, vocab_size // 2), min(40000, vocab_size)
     return [
-        TraceRequest(0.0, tuple(rng.randrange(1000, 40000) for _ in range(args.input_len)), n)
+        TraceRequest(0.0, tuple(rng.randrange(low, high) for _ in range(args.input_len)), n)
         for n in [args.output_len] * args.num_requests
     ]
 
@@ -87,12 +79,9 @@ class Server:
 
     def __init__(self, label: str, argv: list[str], url: str, log_path: Path) -> None:
         print(f"== {label}: {shlex.join(argv)}", flush=True)
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         self.label, self.argv, self.url, self.runs = label, argv, url, []
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            argv, start_new_session=True, env=env, stdout=self.log, stderr=self.log
-        )
+        self.proc = subprocess.Popen(argv, start_new_session=True, stdout=self.log, stderr=self.log)
 
     def measure(self, trace, tokenizer, kind: str) -> dict:
         records, duration = asyncio.run(run_load(self.url, trace))
@@ -132,6 +121,12 @@ def main() -> None:
     parser.add_argument("--llama-server", default=None, help="path of a llama-server binary")
     parser.add_argument("--gguf", default=None, help="GGUF for llama-server (default: embedded)")
     parser.add_argument("--llama-server-args", default="", help="extra llama-server flags")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the served model's tokenizer directory (default: the embedded model's); it "
+        "bounds the prompt ids and counts streamed text a server reports no usage for",
+    )
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -144,7 +139,9 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(None), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        args.tokenizer or resolve_model(None), local_files_only=True
+    )
     configs = [c.split("=", 1) for c in (args.pagedserve or ["defaults="])]
     if args.no_pagedserve:
         configs = []
@@ -168,7 +165,8 @@ def main() -> None:
         # Idle servers take no CPU: each is measured in turn, run by run, so that a change in
         # the machine's load falls on every server alike rather than on one.
         for i in range(args.warmup + args.runs):
-            trace = make_trace(args, i)  # the same prompts for every server in this round
+            # The same prompts for every server in this round.
+            trace = make_trace(args, i, len(tokenizer))
             for server in servers:
                 kind = "warm-up" if i < args.warmup else "run"
                 summary = server.measure(trace, tokenizer, kind)

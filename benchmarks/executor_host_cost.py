@@ -33,8 +33,8 @@ HOST_PHASES = ("cache_ops", "prepare", "sync_out", "records")
 
 
 def worker(args) -> dict:
-    """Runs in the checkout at cwd; prints one JSON line of per-phase medians in ms."""
-    sys.path.insert(0, os.getcwd())  # the checkout under test
+    """Runs in the checkout under test (PYTHONPATH, set by run()); prints one JSON line of
+    per-phase medians in ms."""
     import random
 
     import torch
@@ -136,10 +136,9 @@ def main() -> int:
         print(json.dumps(worker(args)))
         return 0
     # Built here, once: the workers must import nothing but the checkout under test.
-    sys.path.insert(0, str(ROOT))
     import torch
-    from gpu_throughput import build_model
 
+    from services.bench.random_models import build_model
     from shared.model_source import resolve_model
 
     work = Path(tempfile.mkdtemp(prefix="pagedserve-host-cost-"))

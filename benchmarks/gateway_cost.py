@@ -33,12 +33,9 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from shared.ipc import Addresses, make_socket, recv_from, send_to  # noqa: E402
-from shared.model_source import resolve_model  # noqa: E402
-from shared.protocol import (  # noqa: E402
+from shared.ipc import Addresses, make_socket, recv_from, send_to
+from shared.model_source import resolve_model
+from shared.protocol import (
     ExecutorReady,
     GatewayHello,
     GenerateRequest,
@@ -48,6 +45,8 @@ from shared.protocol import (  # noqa: E402
     SeqDelta,
     TokenDeltas,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL_NAME = "stand-in"
 
@@ -300,14 +299,17 @@ def main() -> int:
         "cpu_count": os.cpu_count(),
         "runs": runs,
         "best_cpu_us_per_token": best,
+        # None where a run took under one clock tick of CPU: too small to say.
         "max_tokens_per_s_per_gateway_core": {
-            label: 1e6 / min(by_streams.values()) for label, by_streams in best.items()
+            label: 1e6 / min(by_streams.values()) if min(by_streams.values()) > 0 else None
+            for label, by_streams in best.items()
         },
     }
     for label, by_streams in best.items():
         cost = ", ".join(f"{n} streams {us:.0f} us" for n, us in by_streams.items())
         limit = report["max_tokens_per_s_per_gateway_core"][label]
-        print(f"{label}: best CPU per token: {cost}; at most ~{limit:.0f} tok/s per gateway core")
+        limit_text = f"~{limit:.0f}" if limit is not None else "(too short a run to say)"
+        print(f"{label}: best CPU per token: {cost}; at most {limit_text} tok/s per gateway core")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -47,7 +47,7 @@ for s in $STAGES; do
             tests/test_triton_decode.py tests/test_triton_cache.py tests/test_triton_prefill.py \
             tests/test_phase_timer.py tests/test_cuda_graphs.py ;;
     kernels)
-        stage kernels 150 $PY benchmarks/kernels.py --dtype bfloat16 --output "$OUT/kernels.json" ;;
+        stage kernels 150 $PY benchmarks/attention_kernels.py --dtype bfloat16 --output "$OUT/kernels.json" ;;
     1b)  # in-process (overlapped, one step after another, eager), served (async and sync),
         # transformers generate
         stage 1b 270 $PY benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \

@@ -35,36 +35,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
-
-SHAPES = {
-    # TinyLlama-1.1B's shape with SmolLM2's vocabulary.
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-               num_attention_heads=32, num_key_value_heads=4, vocab_size=49152,
-               max_position_embeddings=2048, rope_theta=10000.0),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-               max_position_embeddings=8192, rope_theta=500000.0),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, vocab_size=384,
-                 max_position_embeddings=2048, rope_theta=10000.0),
-}  # fmt: skip
-
-
-def build_model(shape: str, device: str, dtype: torch.dtype, tokenizer: Path, out: Path) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype).eval()
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(out)
-    return out
+from services.bench.random_models import SHAPES, build_model
+from services.engine.llm_engine import LLMEngine
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+from shared.sampling import SamplingParams
 
 
 def workload(kind: str, args, vocab: int) -> tuple[list[list[int]], list[int]]:

@@ -31,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--seconds", type=float, default=0.5, help="per measurement")
+    parser.add_argument("--rows", default="1,16,64,256,1024,2048", help="batch rows to time")
     parser.add_argument("--output", default="benchmarks/results/linear_orientation.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -38,7 +39,7 @@ def main() -> None:
     shapes = [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)]
     results = []
     print(f"{'rows':>6} {'in':>6} {'out':>6} {'x@W^T':>8} {'W@x^T':>8} {'ratio':>6}  (GFLOP/s)")
-    for rows in (1, 16, 64, 256, 1024, 2048):
+    for rows in (int(r) for r in args.rows.split(",")):
         for k, n in shapes:
             if n == 49152 and rows > 256:
                 continue  # the LM head only sees sampling rows

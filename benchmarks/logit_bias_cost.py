@@ -23,19 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels.metadata import host_to_device  # noqa: E402
-from services.executor import sampling_state  # noqa: E402
-from services.executor.sampler import SamplingBatch, sample  # noqa: E402
-from services.executor.sampling_state import Draw, SamplingStates, SeqSampling  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
+from kernels.metadata import host_to_device
+from services.executor import sampling_state
+from services.executor.sampler import SamplingBatch, sample
+from services.executor.sampling_state import Draw, SamplingStates, SeqSampling
+from shared.sampling import SamplingParams
 
 
 class PerEntryStates(SamplingStates):

@@ -32,12 +32,10 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from services.bench.http_load import model_name
+from services.bench.server import free_port, wait_healthy
 
-from benchmarks.cpu_serving import free_port  # noqa: E402
-from services.bench.http_load import model_name  # noqa: E402
-from services.bench.server import wait_healthy  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = [
     "old=--max-num-batched-tokens 2048 --max-prefill-tokens-per-request 2048",
@@ -68,16 +66,16 @@ def gaps(times: list[float]) -> list[float]:
 
 async def measure(url: str, args: argparse.Namespace) -> dict:
     rng = random.Random(0)
-    short = [rng.randrange(100, 40000) for _ in range(args.short_len)]
-    other = [rng.randrange(100, 40000) for _ in range(args.short_len)]
-    long = [rng.randrange(100, 40000) for _ in range(args.long_len)]
+    short = [rng.randrange(100, args.vocab_size) for _ in range(args.short_len)]
+    other = [rng.randrange(100, args.vocab_size) for _ in range(args.short_len)]
+    long = [rng.randrange(100, args.vocab_size) for _ in range(args.long_len)]
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await stream_gaps(session, url, [5, 6, 7], 4, [])  # warm-up
         idle: list[float] = []
         await stream_gaps(session, url, short, args.idle_tokens, idle)
         times: list[float] = []
-        stream = asyncio.create_task(stream_gaps(session, url, other, 4000, times))
+        stream = asyncio.create_task(stream_gaps(session, url, other, args.stream_tokens, times))
         while len(times) < 3:
             await asyncio.sleep(0.01)
         sent = time.perf_counter()
@@ -125,6 +123,15 @@ def main() -> None:
     parser.add_argument("--long-len", type=int, default=7800)
     parser.add_argument("--short-len", type=int, default=16)
     parser.add_argument("--idle-tokens", type=int, default=32)
+    parser.add_argument(
+        "--vocab-size", type=int, default=40000, help="prompt token ids are drawn below this"
+    )
+    parser.add_argument(
+        "--stream-tokens",
+        type=int,
+        default=4000,
+        help="max_tokens of the stream beside the long prompt (it is cut once that is answered)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rows = []

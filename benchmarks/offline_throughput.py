@@ -26,24 +26,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig  # noqa: E402
-from shared.model_source import resolve_model  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
-
-
-def matmul_gflops(m: int, k: int, n: int, seconds: float = 1.0) -> float:
-    """Sustained fp32 GEMM rate for [m, k] @ [k, n]."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    for _ in range(3):
-        a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * m * k * n * count / (time.perf_counter() - start) / 1e9
+from services.bench.cpu_rates import matmul_gflops
+from services.engine.llm_engine import LLMEngine
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+from shared.model_source import resolve_model
+from shared.sampling import SamplingParams
 
 
 def matmul_params_per_token(model_dir: Path) -> int:

@@ -5,10 +5,13 @@ bookkeeping is timed: digests, lookups at admission, offering full blocks after 
 workloads of 256 requests served at once: ShareGPT-like unique prompts (nothing to find: pure
 overhead) and the same with an 800-token system prompt in front (most of every prompt found).
 Writes benchmarks/results/prefix_cache_overhead.json.
+
+    .venv/bin/python benchmarks/prefix_cache_overhead.py
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -51,7 +54,11 @@ def run(prompts: list[list[int]], output_lens: list[int], caching: bool) -> dict
 
 
 def main() -> None:
-    trace = synthetic_trace("sharegpt", NUM_REQUESTS, float("inf"), 0, VOCAB)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=NUM_REQUESTS)
+    parser.add_argument("--json", default="benchmarks/results/prefix_cache_overhead.json")
+    args = parser.parse_args()
+    trace = synthetic_trace("sharegpt", args.num_requests, float("inf"), 0, VOCAB)
     unique = [list(r.prompt_token_ids) for r in trace]
     output_lens = [r.output_len for r in trace]
     results = {}
@@ -68,9 +75,8 @@ def main() -> None:
                 f"{r['ms_per_step']:7.3f} ms/step  hit rate {100 * r['hit_rate']:5.1f}%",
                 flush=True,
             )
-    out = Path(__file__).parent / "results" / "prefix_cache_overhead.json"
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    Path(args.json).write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import EngineConfig, ModelConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
+from services.engine.llm_engine import LLMEngine
+from shared.config import EngineConfig, ModelConfig
+from shared.sampling import SamplingParams
 
 
 def main() -> None:

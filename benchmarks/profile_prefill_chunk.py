@@ -20,11 +20,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
+from services.engine.llm_engine import LLMEngine
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+from shared.sampling import SamplingParams
 
 # Self-CPU time of these ops is grouped under one name each.
 GROUPS = {
@@ -42,11 +40,11 @@ def group_of(op: str) -> str:
 
 def prefill_steps(engine: LLMEngine, args, count: int, rng: random.Random) -> None:
     sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    vocab = engine.scheduler.vocab_size  # ids 1000-40000 in SmolLM2's, the same share elsewhere
+    low, high = min(1000, vocab // 2), min(40000, vocab)
     for _ in range(count):
         for _ in range(args.chunk // args.prompt_len):
-            engine.add_request(
-                [rng.randrange(1000, 40000) for _ in range(args.prompt_len)], sampling
-            )
+            engine.add_request([rng.randrange(low, high) for _ in range(args.prompt_len)], sampling)
         engine.step()
         assert not engine.has_unfinished(), "a step did not finish its prompts: chunk too small"
 
@@ -54,7 +52,9 @@ def prefill_steps(engine: LLMEngine, args, count: int, rng: random.Random) -> No
 def run_mode(mode: str, args) -> dict:
     engine = LLMEngine(
         EngineConfig(
-            model=ModelConfig(quantization=mode, device="cpu", num_threads=args.threads),
+            model=ModelConfig(
+                model=args.model, quantization=mode, device="cpu", num_threads=args.threads
+            ),
             cache=CacheConfig(kv_cache_bytes=GiB // 2, swap_space_bytes=0),
             scheduler=SchedulerConfig(max_num_batched_tokens=args.chunk),
         )
@@ -87,6 +87,7 @@ def run_mode(mode: str, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="default: the embedded SmolLM2")
     parser.add_argument("--modes", default="none,int8")
     parser.add_argument("--chunk", type=int, default=2048)
     parser.add_argument("--prompt-len", type=int, default=128)

@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from services.executor.quantize_model import weight_bytes  # noqa: E402
-from shared.chat import chat_prompt_ids  # noqa: E402
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
+from services.engine.llm_engine import LLMEngine
+from services.executor.quantize_model import weight_bytes
+from shared.chat import chat_prompt_ids
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig
+from shared.sampling import SamplingParams
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -48,9 +45,9 @@ QUESTIONS = [
 ]
 
 
-def run_mode(mode: str, max_tokens: int, threads: int | None) -> dict:
+def run_mode(mode: str, max_tokens: int, threads: int | None, model: str | None = None) -> dict:
     config = EngineConfig(
-        model=ModelConfig(quantization=mode, device="cpu", num_threads=threads),
+        model=ModelConfig(model=model, quantization=mode, device="cpu", num_threads=threads),
         cache=CacheConfig(kv_cache_bytes=GiB // 4, swap_space_bytes=0),
     )
     engine = LLMEngine(config)
@@ -73,6 +70,7 @@ def run_mode(mode: str, max_tokens: int, threads: int | None) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="default: the embedded SmolLM2")
     parser.add_argument("--modes", default="none,int8,int4")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--num-threads", type=int, default=2)
@@ -80,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
 
     modes = args.modes.split(",")
-    runs = {mode: run_mode(mode, args.max_tokens, args.num_threads) for mode in modes}
+    runs = {mode: run_mode(mode, args.max_tokens, args.num_threads, args.model) for mode in modes}
     reference = runs[modes[0]]
     report = {"load": os.getloadavg(), "max_tokens": args.max_tokens, "modes": {}}
     print(f"{'mode':6} {'identical':>9} {'weight MB':>9} {'seconds':>8}")

@@ -24,13 +24,11 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.gateway.zmq_backend import ZmqBackend  # noqa: E402
-from shared.ipc import Addresses  # noqa: E402
-from shared.model_source import resolve_model  # noqa: E402
-from shared.protocol import GenerateRequest  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
+from services.gateway.zmq_backend import ZmqBackend
+from shared.ipc import Addresses
+from shared.model_source import resolve_model
+from shared.protocol import GenerateRequest
+from shared.sampling import SamplingParams
 
 
 async def drive(args, addresses: Addresses, vocab: int) -> dict:
@@ -83,8 +81,8 @@ async def drive(args, addresses: Addresses, vocab: int) -> dict:
 
 def run_in_process(args, model_dir: Path, vocab: int) -> dict:
     """The same requests through the in-process engine with the same engine settings."""
-    from services.config_args import add_engine_args, engine_config_from_args
     from services.engine.llm_engine import LLMEngine
+    from services.config_args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
@@ -146,11 +144,12 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.random_shape:
-        # A random-weight Llama of a named shape (benchmarks/gpu_throughput.py), with the
+        # A random-weight Llama of a named shape (services/bench/random_models.py), with the
         # embedded model's tokenizer: "tiny" makes the executor's step cheap, so the host's
         # work between steps shows.
         import torch
-        from gpu_throughput import build_model
+
+        from services.bench.random_models import build_model
 
         work = Path(tempfile.mkdtemp(prefix="pagedserve-random-model-"))
         model_dir = build_model(

@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from services.bench.replay import replay  # noqa: E402
-from services.bench.traces import synthetic_trace  # noqa: E402
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import EngineConfig, SchedulerConfig, SimConfig  # noqa: E402
+from services.bench.replay import replay
+from services.bench.traces import synthetic_trace
+from services.engine.llm_engine import LLMEngine
+from shared.config import EngineConfig, SchedulerConfig, SimConfig
 
 
 def capacity(policy: str, overhead_s: float, args: argparse.Namespace) -> dict:

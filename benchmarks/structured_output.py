@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
+from services.engine.llm_engine import LLMEngine
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+from shared.sampling import SamplingParams
 
 SCHEMA = {
     "type": "object",

@@ -22,12 +22,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import ParallelConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
-from tests.factories import engine_config, make_tiny_llama  # noqa: E402
+from services.bench.random_models import make_tiny_llama
+from services.engine.llm_engine import LLMEngine
+from shared.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+from shared.sampling import SamplingParams
 
 
 def run(config, prompts, max_tokens: int) -> dict:
@@ -54,18 +58,30 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--json", default="benchmarks/results/tensor_parallel_cpu.json")
+    parser.add_argument(
+        "--smoke", action="store_true", help="the tiny test model: checks it runs, no figure"
+    )
     args = parser.parse_args()
     shape = dict(
         vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
         max_positions=512,
     )  # fmt: skip
+    if args.smoke:
+        shape = dict(vocab_size=384, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
     model_dir = make_tiny_llama(Path(tempfile.mkdtemp()) / "tp-bench", **shape)
     rng = random.Random(0)
     prompts = [
         [rng.randrange(3, shape["vocab_size"]) for _ in range(args.input_len)]
         for _ in range(args.num_requests)
     ]
-    base = engine_config(model_dir, num_device_blocks=512)
+    # No swap pool: the workload fits the device pool, nothing is preempted.
+    base = EngineConfig(
+        model=ModelConfig(
+            model=str(model_dir), dtype="float32", device="cpu", attention_backend="torch"
+        ),
+        cache=CacheConfig(num_device_blocks=512, swap_space_bytes=0),
+        scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=256),
+    )
     threads = torch.get_num_threads()
     one = run(base, prompts, args.output_len)
     single = dataclasses.replace(base, model=dataclasses.replace(base.model, num_threads=1))

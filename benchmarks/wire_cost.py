@@ -18,11 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from shared import wire  # noqa: E402
-from shared.protocol import (  # noqa: E402
+from shared import wire
+from shared.protocol import (
     RequestDelta,
     SampledToken,
     ScheduledSeq,
@@ -32,6 +29,8 @@ from shared.protocol import (  # noqa: E402
     StepResult,
     TokenDeltas,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def messages(num_seqs: int) -> dict:

@@ -6,6 +6,7 @@ import argparse
 import copy
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +36,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def free_port() -> int:
+    """A port free now; the server binds it a moment later (a benchmark's own machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float) -> None:
