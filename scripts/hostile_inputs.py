@@ -1,11 +1,13 @@
 """Hostile inputs against `pagedserve serve` on the embedded model: per input, the HTTP answers,
 their wall time, the longest gap of a short greedy stream sent beside them (against the same
 stream's on an idle server), and each process's RSS; then the KV blocks left and who is alive.
+Run from the repository root as a module: it drives the test suite's hostile harness
+(tests/service/), which `-m` finds there.
 
-    PYTHONPATH=. .venv/bin/python scripts/hostile_inputs.py \\
+    .venv/bin/python -m scripts.hostile_inputs \\
         --output docs/reliability/hostile_inputs.json
-    PYTHONPATH=. .venv/bin/python scripts/hostile_inputs.py --rows deep_json,slow_head
-    PYTHONPATH=. .venv/bin/python scripts/hostile_inputs.py --serve-arg=--max-grammar-choices=100000
+    .venv/bin/python -m scripts.hostile_inputs --rows deep_json,slow_head
+    .venv/bin/python -m scripts.hostile_inputs --serve-arg=--max-grammar-choices=100000
 
 Serve flags this server does not know are left out with a note, so one command fits old and new.
 Exits 1 when a row shows a problem (a 5xx, an input not refused, an error body not OpenAI's, a

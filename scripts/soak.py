@@ -2,10 +2,12 @@
 kill; reports requests served, errors, leaked blocks and each process's peak RSS. With --hostile,
 hostile inputs (tests/service/hostile_traffic.py) join the traffic, their answers are counted
 apart (a 5xx is never expected), and every process's RSS is sampled over the run.
+Run from the repository root as a module: it drives the test suite's harness (tests/service/),
+which `-m` finds there.
 
-    PYTHONPATH=. python scripts/soak.py --minutes 10 --clients 16 --output soak.json
-    PYTHONPATH=. python scripts/soak.py --minutes 3 --gateways 2    # two gateway processes
-    PYTHONPATH=. python scripts/soak.py --minutes 10 --hostile --output soak_hostile.json \\
+    python -m scripts.soak --minutes 10 --clients 16 --output soak.json
+    python -m scripts.soak --minutes 3 --gateways 2    # two gateway processes
+    python -m scripts.soak --minutes 10 --hostile --output soak_hostile.json \\
         --plot soak_hostile_rss.png
 """
 
