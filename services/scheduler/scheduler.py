@@ -5,10 +5,18 @@ queue here is kept in its order. One scheduling model for every sequence: the to
 are cached (num_computed_tokens) against all its tokens. A step gives each running sequence its
 uncomputed tokens (1 when decoding, a chunk of the prompt when prefilling), so prefills and
 decodes share one batch.
+
+Why this module is longer than ~400 lines: admission, preemption, swapping and applying a
+step's result all change the same three queues, block tables and sequence counters, and must
+leave them consistent with each other after every call. What needs none of that state lives
+apart: the order (policy.py), the budget's shares (token_budget.py), plan assembly
+(step_plans.py), stop rules (stop_rules.py), beam bookkeeping (beam_search.py), restart
+recovery (recovery.py) and request validation (shared/request_limits.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -19,9 +27,11 @@ from services.scheduler.kv_policy import make_block_manager
 from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.policies import make_policy
 from services.scheduler.prefix_reuse import PrefixReuse
+from services.scheduler.recovery import start_over
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from services.scheduler.step_plans import PlanEntry, StepPlans
 from services.scheduler.stop_rules import check_stop, max_output_tokens
+from services.scheduler.token_budget import budget_order, share, step_prefill_cap
 from shared.config import GrammarConfig, SchedulerConfig
 from shared.errors import (
     InvalidRequestError,
@@ -208,23 +218,13 @@ class Scheduler:
         return GroupUpdate(group, finished=True)
 
     def requeue_all(self, ready: ExecutorReady) -> None:
-        """A new executor with empty pools replaced a dead one: every unfinished group is
-        recomputed from its prompt and the tokens it has emitted, in policy order.
-
-        The plan in flight is forgotten (its tokens were never reported). Sequences are announced
-        again, with their sample index and prompt length, so the new executor's seeded draws
-        repeat the old one's.
-        """
+        """A new executor with empty pools replaced a dead one: every unfinished group starts
+        over (recovery.py) in policy order; the plan in flight is forgotten (its tokens were
+        never reported)."""
         groups = self.policy.ordered([*self.running, *self.swapped, *self.waiting])
         compiling = self.grammar_waits.clear()
         self.block_manager = self._make_block_manager(ready)
-        for group in groups:
-            for seq in group.live_seqs():
-                seq.num_computed_tokens = 0
-                seq.announced = False
-            if group.forked and len(group.seqs) < group.sampling.num_samples:
-                group.forked = False  # the fork step was lost with the executor: fork again
-            group.set_status(SeqStatus.WAITING)
+        start_over(groups)
         # The new executor has no grammars: every structured-output request waits for its
         # compile again (all its live sequences will need a matcher there).
         for group in self.policy.ordered(compiling + groups):
@@ -266,7 +266,7 @@ class Scheduler:
             # Its counters would count the step in flight as not computed and plan it again.
             raise RuntimeError("schedule() while a step is in flight: await its result first")
         budget = self.token_budget
-        cap, decoding = self._prefill_cap()
+        cap, decoding = step_prefill_cap(self.running, self.prefill_cap)
         entries: list[PlanEntry] = []
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
@@ -274,7 +274,7 @@ class Scheduler:
         preempted = False
 
         scheduled: set[SequenceGroup] = set()  # given tokens by this plan
-        for group in self._budget_order():
+        for group in budget_order(self.running, self.config.budget_order):
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
                 continue  # preempted (or ended) earlier in this step
@@ -350,44 +350,9 @@ class Scheduler:
         need = self.block_manager.admission_blocks(group, reused)
         return self._fits(need) and self.block_manager.can_admit(group, need)
 
-    def _budget_order(self) -> list[SequenceGroup]:
-        """Running groups in the order they draw on the token budget. decode-first: groups whose
-        every sequence needs one token, then the rest (prompt chunks, recomputes), each part in
-        policy order; so a burst of prefill never delays a running stream's next token."""
-        if self.config.budget_order == "arrival":
-            return list(self.running)
-        decoding: list[SequenceGroup] = []
-        computing: list[SequenceGroup] = []
-        for group in self.running:  # one pass: this runs every step
-            (decoding if _is_decoding(group) else computing).append(group)
-        return decoding + computing
-
-    def _prefill_cap(self) -> tuple[int | None, bool]:
-        """This step's cap on one request's prompt tokens: while some running group decodes,
-        so that a long prompt does not stretch the step its streams wait on, and while requests
-        wait to start, so that a long prompt does not take the whole budget from their first
-        chunks until it is done. A step that already computes one token for each of D decoding
-        sequences may take up to D prompt tokens per request (that at most doubles it): the cap
-        binds with few streams. Also whether any sequence decodes this step."""
-        if self.prefill_cap is None:
-            return None, False
-        decoding = sum(g.num_seats for g in self.running if _is_decoding(g))
-        return max(self.prefill_cap, decoding), decoding > 0
-
     def _share(self, group: SequenceGroup, budget: int, cap: int | None, decoding: bool) -> int:
-        """The part of the step's budget one group may take. With a cap (CPU), chunks count
-        context-free tokens: a chunk deep into a long prompt attends to all of it, so it gets
-        fewer tokens for the same step time (ExecutorReady.context_cost_tokens); then no step
-        runs much longer than its budget's worth, and a request that arrives meanwhile waits
-        at most about one such step for its first chunk."""
-        if cap is None or _is_decoding(group):
-            return budget
-        if not (decoding or self._others_queued(group)):
-            cap = budget  # alone: the whole budget (context-free)
-        if self.context_cost_tokens:
-            context = group.live_seqs()[0].num_computed_tokens
-            cap = max(1, cap * self.context_cost_tokens // (self.context_cost_tokens + context))
-        return min(budget, cap)
+        queued = functools.partial(self._others_queued, group)  # asked only under a cap
+        return share(group, budget, cap, decoding, queued, self.context_cost_tokens)
 
     def _others_queued(self, group: SequenceGroup) -> bool:
         """Whether a group other than this one waits to start or resume."""
@@ -636,7 +601,3 @@ class Scheduler:
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id - 1
-
-
-def _is_decoding(group: SequenceGroup) -> bool:
-    return all(seq.num_uncomputed_tokens <= 1 for seq in group.live_seqs())

@@ -1,0 +1,65 @@
+"""The step's token budget: which running groups draw on it first, and how much one prompt takes.
+
+The scheduler asks these once per step (the order, the cap) and once per group (its share).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.scheduler.sequence import SequenceGroup
+
+
+def budget_order(running: list[SequenceGroup], order: str) -> list[SequenceGroup]:
+    """Running groups in the order they draw on the token budget. decode-first: groups whose
+    every sequence needs one token, then the rest (prompt chunks, recomputes), each part in
+    policy order; so a burst of prefill never delays a running stream's next token."""
+    if order == "arrival":
+        return list(running)
+    decoding: list[SequenceGroup] = []
+    computing: list[SequenceGroup] = []
+    for group in running:  # one pass: this runs every step
+        (decoding if is_decoding(group) else computing).append(group)
+    return decoding + computing
+
+
+def step_prefill_cap(
+    running: list[SequenceGroup], prefill_cap: int | None
+) -> tuple[int | None, bool]:
+    """This step's cap on one request's prompt tokens: while some running group decodes,
+    so that a long prompt does not stretch the step its streams wait on, and while requests
+    wait to start, so that a long prompt does not take the whole budget from their first
+    chunks until it is done. A step that already computes one token for each of D decoding
+    sequences may take up to D prompt tokens per request (that at most doubles it): the cap
+    binds with few streams. Also whether any sequence decodes this step."""
+    if prefill_cap is None:
+        return None, False
+    decoding = sum(g.num_seats for g in running if is_decoding(g))
+    return max(prefill_cap, decoding), decoding > 0
+
+
+def share(
+    group: SequenceGroup,
+    budget: int,
+    cap: int | None,
+    decoding: bool,
+    others_queued: Callable[[], bool],
+    context_cost_tokens: int,
+) -> int:
+    """The part of the step's budget one group may take. With a cap (CPU), chunks count
+    context-free tokens: a chunk deep into a long prompt attends to all of it, so it gets
+    fewer tokens for the same step time (ExecutorReady.context_cost_tokens); then no step
+    runs much longer than its budget's worth, and a request that arrives meanwhile waits
+    at most about one such step for its first chunk."""
+    if cap is None or is_decoding(group):
+        return budget
+    if not (decoding or others_queued()):
+        cap = budget  # alone: the whole budget (context-free)
+    if context_cost_tokens:
+        context = group.live_seqs()[0].num_computed_tokens
+        cap = max(1, cap * context_cost_tokens // (context_cost_tokens + context))
+    return min(budget, cap)
+
+
+def is_decoding(group: SequenceGroup) -> bool:
+    return all(seq.num_uncomputed_tokens <= 1 for seq in group.live_seqs())
