@@ -93,7 +93,7 @@ def test_a_failed_step_on_rank_0_stops_the_sharded_executor(tmp_path, prompts, m
         finished = [u for u in engine.step() if u.finished]
         assert [u.group.seqs[0].finish_reason for u in finished] == ["error"]
         assert not engine.executor.ranks_alive()
-        [worker] = engine.executor._workers
+        [worker] = engine.executor.ranks.workers
         calls = _record_calls(monkeypatch, worker, "kill", "wait")
     finally:
         engine.close()

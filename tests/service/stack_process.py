@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -15,6 +14,8 @@ import time
 from pathlib import Path
 
 import aiohttp
+
+from tests.support.polling import eventually, eventually_blocking
 
 API_KEY = "test-key"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -61,10 +62,11 @@ class ServeProcess:
         return pid
 
     def wait_restarted(self, count: int, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.restarts) < count:
-            assert time.monotonic() < deadline, f"restarts seen: {self.restarts}"
-            time.sleep(0.05)
+        eventually_blocking(
+            lambda: len(self.restarts) >= count,
+            timeout,
+            message=lambda: f"{count} restarts, seen: {self.restarts}",
+        )
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -81,29 +83,24 @@ async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
 
 
 async def wait_metric(session, url: str, name: str, value: float, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if await metric(session, url, name) == value:
-                return
-        except (aiohttp.ClientError, AssertionError):
-            pass  # the gateway is restarting, or the scheduler has not sent stats yet
-        assert time.monotonic() < deadline, f"{name} never became {value}"
-        await asyncio.sleep(0.1)
+    async def reached() -> bool:
+        return await metric(session, url, name) == value
+
+    # ClientError: the gateway is restarting; AssertionError: no stats from the scheduler yet.
+    await eventually(
+        reached, timeout, 0.1, f"{name} never became {value}",
+        ignore=(aiohttp.ClientError, AssertionError),
+    )  # fmt: skip
 
 
 async def wait_health(session, url: str, timeout: float = 120.0) -> None:
     """Until /health says "ok" (not "degraded", not 503)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            async with session.get(f"{url}/health") as response:
-                if response.status == 200 and (await response.json())["status"] == "ok":
-                    return
-        except aiohttp.ClientError:
-            pass
-        assert time.monotonic() < deadline, "/health never said ok"
-        await asyncio.sleep(0.1)
+
+    async def ok() -> bool:
+        async with session.get(f"{url}/health") as response:
+            return response.status == 200 and (await response.json())["status"] == "ok"
+
+    await eventually(ok, timeout, 0.1, "/health never said ok", ignore=(aiohttp.ClientError,))
 
 
 async def stream(session, url: str, body: dict, on_event=None) -> dict:

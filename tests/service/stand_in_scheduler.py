@@ -3,7 +3,6 @@ ZmqBackend connected to it and made ready (announcement and stats sent)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from shared.protocol import (
     SchedulerStats,
     TokenDeltas,
 )
+from tests.support.polling import eventually
 
 READY = SchedulerReady(ExecutorReady(64, 0, 16, 512, 384, (2,)), 16, "tiny")
 STATS = SchedulerStats(1, 0, 0, 1, 64, 0, 1)
@@ -57,8 +57,7 @@ async def stand_in_scheduler(directory: str) -> AsyncIterator[StandIn]:
         stand_in = StandIn(backend, router, gateway)
         await stand_in.send(TokenDeltas([], STATS))
         await stand_in.send(READY)
-        while not backend.ready:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: backend.ready, 10.0, message="the backend never got ready")
         yield stand_in
     finally:
         await backend.close()

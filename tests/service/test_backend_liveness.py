@@ -40,6 +40,8 @@ async def _stream_until_silence(tmp_path, beat_for_s: float) -> tuple[float, flo
             await asyncio.sleep(0.1)
             assert not stream.done()  # beating: the stream waits, however long
         silent_at = time.monotonic() - start
+        # Ended by the liveness check ("stopped responding"), not by the test's limit: 5 s, many
+        # times the 0.6 s timeout plus a 0.1 s check, so that a loaded machine still makes it.
         with pytest.raises(BackendGone, match="stopped responding"):
             await asyncio.wait_for(stream, 5.0)
         return time.monotonic() - start, silent_at
@@ -47,5 +49,6 @@ async def _stream_until_silence(tmp_path, beat_for_s: float) -> tuple[float, flo
 
 async def test_a_silent_scheduler_ends_the_open_streams(tmp_path, fast_liveness):
     ended, silent_at = await _stream_until_silence(tmp_path, beat_for_s=1.5)
-    # Not before the heartbeat timeout ran out after the last beat; soon after it.
-    assert silent_at + 0.3 <= ended <= silent_at + 0.6 + 1.0
+    # Not before the heartbeat timeout ran out after the last beat (a lower bound, which a slow
+    # machine cannot break); how soon after is bounded above only by the generous wait_for.
+    assert silent_at + 0.3 <= ended

@@ -17,6 +17,7 @@ from shared.ipc import Addresses, make_socket, recv, send
 from shared.protocol import GatewayHello, GenerateRequest, TokenDeltas
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
+from tests.support.polling import eventually
 
 ENGINE_FLAGS = ["--num-device-blocks", "64", "--max-num-batched-tokens", "64"]
 
@@ -41,11 +42,7 @@ async def backend(tiny_model_dir, addresses):
     client = ZmqBackend(addresses)
     await client.start()
     try:
-        for _ in range(300):
-            if client.ready:
-                break
-            await asyncio.sleep(0.1)
-        assert client.ready, "backend did not become ready"
+        await eventually(lambda: client.ready, 30.0, 0.1, "backend did not become ready")
         yield client
     finally:
         await client.close()
@@ -73,11 +70,8 @@ async def test_streamed_tokens_equal_the_in_process_engine(backend, tiny_model_d
     for (tokens, last), want in zip(results, expected):
         assert tokens == {0: want.outputs[0].token_ids}
         assert last.finished and last.seqs[0].finish_reason == "length"
-    for _ in range(30):  # the next heartbeat reports the freed pool
-        if backend.stats.kv_blocks_used == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert backend.stats.kv_blocks_used == 0
+    # The next heartbeat reports the freed pool.
+    await eventually(lambda: backend.stats.kv_blocks_used == 0, 3.0, 0.1, "blocks still used")
     assert backend.stats.num_steps > 0
 
 
@@ -103,21 +97,16 @@ async def _abort_and_expect_freed(backend, stream, request_id: str) -> None:
     async for delta in stream:
         last = delta
     assert last.finished and last.seqs[0].finish_reason == "abort"
-    for _ in range(30):  # the next heartbeat reports the freed pool
-        if backend.stats.kv_blocks_used == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert backend.stats.kv_blocks_used == 0
+    # The next heartbeat reports the freed pool.
+    await eventually(lambda: backend.stats.kv_blocks_used == 0, 3.0, 0.1, "blocks still used")
 
 
 async def _ready_client(addresses) -> ZmqBackend:
     client = ZmqBackend(addresses)
     await client.start()
-    for _ in range(100):
-        if client.ready:
-            return client
-        await asyncio.sleep(0.1)
-    raise AssertionError("a second gateway never got the scheduler's announcement")
+    message = "a second gateway never got the scheduler's announcement"
+    await eventually(lambda: client.ready, 10.0, 0.1, message)
+    return client
 
 
 async def test_two_gateways_each_get_only_their_own_requests_deltas(
@@ -168,11 +157,8 @@ async def test_a_gateway_that_leaves_frees_its_requests_and_no_others(backend, a
         assert (await stream.__anext__()).seqs  # decoding
     await leaving.aclose()
     await other.close()  # the process "dies": its connection closes without an abort
-    for _ in range(50):  # the scheduler aborts the orphan: one running sequence is left
-        if backend.stats.num_running == 1:
-            break
-        await asyncio.sleep(0.1)
-    assert backend.stats.num_running == 1
+    # The scheduler aborts the orphan: one running sequence is left.
+    await eventually(lambda: backend.stats.num_running == 1, 5.0, 0.1, "the orphan still runs")
     more = await staying.__anext__()
     assert more.seqs and not more.finished  # the other gateway's request goes on
     await _abort_and_expect_freed(backend, staying, "staying")

@@ -11,6 +11,7 @@ from services.gateway.zmq_backend import coalesce
 from shared.protocol import GenerateRequest, RequestDelta, SampledToken, SeqDelta, TokenDeltas
 from shared.sampling import SamplingParams
 from tests.service.stand_in_scheduler import STATS, stand_in_scheduler
+from tests.support.polling import eventually
 
 
 def _token(seq_id: int, token_id: int) -> SampledToken:
@@ -66,8 +67,7 @@ async def test_a_stream_that_fell_behind_reads_one_merged_delta(tmp_path):
             reason = "length" if i == 4 else None
             delta = RequestDelta("r1", [SeqDelta(0, [10 + i], [], reason)], i == 4)
             await stand_in.send(TokenDeltas([delta], STATS))
-        while len(backend._queues["r1"]._queue) < 5:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(backend._queues["r1"]._queue) >= 5)
         rest = [delta async for delta in stream]
         assert len(rest) == 1
         assert rest[0].finished and rest[0].seqs[0].token_ids == [10, 11, 12, 13, 14]

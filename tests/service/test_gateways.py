@@ -18,6 +18,7 @@ from tests.service.stack_process import (
     wait_health,
     wait_metric,
 )
+from tests.support.polling import eventually
 
 PROMPTS = [[5 + i, 17, 40 + 3 * (i % 4), 9, 33 + i % 4] for i in range(16)]
 
@@ -106,15 +107,15 @@ async def test_both_gateways_serve_again_after_the_scheduler_is_replaced(serve):
     async with _session() as session:
         # Each gateway says hello to the new scheduler when its connection reopens; until
         # both are announced, some fresh connections would get 503.
-        deadline = asyncio.get_running_loop().time() + 60
-        while True:
-            results = await asyncio.gather(
+        results: list[dict] = []
+
+        async def every_prompt_served() -> bool:
+            results[:] = await asyncio.gather(
                 *(stream(session, url, body | {"prompt": p}) for p in PROMPTS)
             )
-            if all(r["done"] and r["error"] is None for r in results):
-                break
-            assert asyncio.get_running_loop().time() < deadline, results
-            await asyncio.sleep(0.5)
+            return all(r["done"] and r["error"] is None for r in results)
+
+        await eventually(every_prompt_served, 60.0, 0.5, lambda: f"results: {results}")
         await wait_metric(session, serve.url, "pagedserve_kv_blocks_used", 0)
 
 

@@ -15,7 +15,14 @@ import pytest
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
-from tests.service.stack_process import API_KEY, HEADERS, metric, stream_completion
+from tests.service.stack_process import (
+    API_KEY,
+    HEADERS,
+    metric,
+    stream_completion,
+    wait_metric,
+)
+from tests.support.polling import eventually
 
 
 async def test_openai_client_streams_chat_and_completions(stack):
@@ -137,10 +144,11 @@ async def test_a_repeated_prompt_is_served_from_the_prefix_cache(stack):
         first, _ = await stream_completion(session, url, model, prompt, 4)
         second, _ = await stream_completion(session, url, model, prompt, 4)
         assert second == first
-        for _ in range(100):
-            if await metric(session, url, names[0]) - hits_before >= 32:
-                break
-            await asyncio.sleep(0.1)
+
+        async def two_blocks_hit() -> bool:
+            return await metric(session, url, names[0]) - hits_before >= 32
+
+        await eventually(two_blocks_hit, 10.0, 0.1, "the repeated prompt hit no cached blocks")
         assert await metric(session, url, names[0]) - hits_before == 32
         assert await metric(session, url, names[1]) >= 2
 
@@ -159,10 +167,7 @@ async def test_cut_streams_free_every_block(stack, prompts):
         for start in range(0, 100, 20):
             batch = [prompts[i % 12][:30] for i in range(start, start + 20)]
             await asyncio.gather(*(cut(session, prompt) for prompt in batch))
-        for _ in range(100):
-            if await metric(session, url, "pagedserve_kv_blocks_used") == 0:
-                break
-            await asyncio.sleep(0.2)
+        await wait_metric(session, url, "pagedserve_kv_blocks_used", 0, timeout=20.0)
         assert await metric(session, url, "pagedserve_kv_blocks_used") == 0
         assert await metric(session, url, "pagedserve_num_requests_running") == 0
 

@@ -15,13 +15,14 @@ async def eventually(
     condition: Callable[[], Any],
     timeout: float = 5.0,
     interval: float = 0.01,
-    message: str = "condition never became true",
+    message: str | Callable[[], str] = "condition never became true",
     ignore: tuple[type[BaseException], ...] = (),
 ) -> Any:
     """Call `condition` (plain or async) every `interval` s until it returns a truthy value,
     which is returned; fail after `timeout` s with `message` and the last value seen.
 
     `ignore`: exceptions that mean "not yet" (a server that is still starting), not a failure.
+    `message` may be a function, called only on failure to describe the state then.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -36,7 +37,7 @@ async def eventually(
         else:
             if last:
                 return last
-        assert loop.time() < deadline, f"{message} within {timeout} s (last: {last!r})"
+        assert loop.time() < deadline, _failure(message, timeout, last)
         await asyncio.sleep(interval)
 
 
@@ -44,7 +45,7 @@ def eventually_blocking(
     condition: Callable[[], Any],
     timeout: float = 5.0,
     interval: float = 0.05,
-    message: str = "condition never became true",
+    message: str | Callable[[], str] = "condition never became true",
 ) -> Any:
     """eventually() for code without an event loop: sleeps the calling thread in between."""
     deadline = time.monotonic() + timeout
@@ -52,5 +53,10 @@ def eventually_blocking(
         last = condition()
         if last:
             return last
-        assert time.monotonic() < deadline, f"{message} within {timeout} s (last: {last!r})"
+        assert time.monotonic() < deadline, _failure(message, timeout, last)
         time.sleep(interval)
+
+
+def _failure(message: str | Callable[[], str], timeout: float, last: Any) -> str:
+    text = message() if callable(message) else message
+    return f"{text} within {timeout} s (last: {last!r})"
