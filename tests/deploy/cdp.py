@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import itertools
 import json
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tests.support.polling import eventually
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = [
@@ -63,14 +63,14 @@ class Browser:
 
     async def _devtools_port(self) -> int:
         active = Path(self._profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def port() -> int | None:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"chromium exited with code {self._proc.returncode}")
-            if active.is_file() and active.read_text().strip():
-                return int(active.read_text().split()[0])
-            await asyncio.sleep(0.1)
-        raise RuntimeError("chromium did not open its DevTools port")
+            text = active.read_text().strip() if active.is_file() else ""
+            return int(text.split()[0]) if text else None
+
+        return await eventually(port, 60.0, 0.1, "chromium did not open its DevTools port")
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.page.socket.close()

@@ -10,13 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 import yaml
 
 from tests.deploy.compose_file import COMPOSE_FILE, environment_of, load_services
+from tests.support.polling import eventually_blocking
 
 API_KEY = "compose-key"
 START_ORDER = ("scheduler", "executor", "gateway")  # the depends_on order
@@ -145,12 +145,13 @@ def test_services_started_as_compose_starts_them_stream_a_completion(tiny_model_
         healthcheck = services["gateway"]["healthcheck"]["test"]
         assert healthcheck[0] == "CMD"
         check_argv = [sys.executable if a == "python" else a for a in healthcheck[1:]]
-        deadline = time.monotonic() + 120
-        while subprocess.run(check_argv, capture_output=True).returncode != 0:
+
+        def healthy() -> bool:
             gone = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
             assert not gone, f"exited during start-up: {gone}"
-            assert time.monotonic() < deadline, "the gateway's health check never passed"
-            time.sleep(0.5)
+            return subprocess.run(check_argv, capture_output=True).returncode == 0
+
+        eventually_blocking(healthy, 120.0, 0.5, "the gateway's health check never passed")
 
         body = {
             "model": tiny_model_dir.name,

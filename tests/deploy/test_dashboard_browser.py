@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from tests.deploy.cdp import Browser, find_browser
+from tests.support.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACT = ROOT / "tmp" / "artifacts" / "dashboard.png"
@@ -135,10 +136,12 @@ async def test_a_browser_with_basic_credentials_gets_the_page_and_its_data(small
 
 
 async def _wait_for(page, condition, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        grid = await page.evaluate(GRID)
-        if condition(grid):
-            return grid
-        assert time.monotonic() < deadline, f"the page never reached the state: {grid}"
-        await asyncio.sleep(0.2)
+    last: dict = {}
+
+    async def reached() -> dict | None:
+        last.update(await page.evaluate(GRID))
+        return dict(last) if condition(last) else None
+
+    return await eventually(
+        reached, timeout, 0.2, lambda: f"the page never reached the state: {last}"
+    )
