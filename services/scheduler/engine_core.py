@@ -56,10 +56,6 @@ class EngineCore:
         # (plan, what launch() returned, when) of a step launched ahead, not collected yet
         self._ahead: tuple[StepPlan, Any, float] | None = None
 
-    @property
-    def has_step_in_flight(self) -> bool:
-        return self._ahead is not None
-
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._ahead is not None
 
