@@ -8,6 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidRequestError
+from shared.sampling_fields import (
+    BOOL,
+    INT,
+    INTS,
+    NUM,
+    by_name_fields,
+    history_defaults,
+    request_field,
+)
 
 # Upper bound on requested top logprobs; OpenAI allows 20 for chat and 5 for completions.
 MAX_LOGPROBS = 20
@@ -29,31 +38,85 @@ GUIDED_KINDS = {
 
 @dataclass(frozen=True)
 class SamplingParams:
-    n: int = 1  # parallel samples; they share the prompt's KV blocks
-    max_tokens: int = 16  # generated tokens per sequence, at most
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
-    top_k: int = 0  # keep the k most likely tokens; 0 or -1 disables
-    seed: int | None = None  # same seed, same prompt, same params -> same output
-    stop_token_ids: tuple[int, ...] = ()  # end a sequence when it samples one of these
-    ignore_eos: bool = False  # keep generating past the model's end-of-sequence token
-    logprobs: int | None = None  # None: none; k >= 0: sampled token's logprob plus top k
-    min_p: float = 0.0  # drop tokens below min_p x the top token's probability
-    min_tokens: int = 0  # eos and stop_token_ids are masked until this many tokens exist
-    presence_penalty: float = 0.0  # OpenAI: subtracted once from every generated token's logit
-    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the generated tokens
-    repetition_penalty: float = 1.0  # transformers: divides (>0) or multiplies seen tokens' logits
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token_id, bias in [-100, 100]) pairs
-    best_of: int | None = None  # sample this many, return the n of highest cumulative logprob
-    guided: tuple[str, str] | None = None  # (kind in GUIDED_KINDS, spec): structured output
+    """Each field declares how a request gives it (shared/sampling_fields.py): the OpenAPI
+    schema, the gateway's and the offline reader's parsing and the wire format follow from the
+    fields, so a new option is one field here plus its sampler code."""
+
+    # Parallel samples; they share the prompt's KV blocks.
+    n: int = request_field(1, {**INT, "minimum": 1, "maximum": MAX_SAMPLES})
+    # Generated tokens per sequence, at most.
+    max_tokens: int = request_field(16, {**INT, "minimum": 1})
+    temperature: float = request_field(1.0, {**NUM, "minimum": 0, "maximum": 100})  # 0: greedy
+    # Nucleus mass kept, in (0, 1].
+    top_p: float = request_field(1.0, {**NUM, "exclusiveMinimum": 0, "maximum": 1})
+    top_k: int = request_field(0, INT)  # keep the k most likely tokens; 0 or -1 disables
+    seed: int | None = request_field(None, INT)  # same seed, prompt, params -> same output
+    # End a sequence when it samples one of these.
+    stop_token_ids: tuple[int, ...] = request_field((), INTS)
+    # Keep generating past the model's end-of-sequence token.
+    ignore_eos: bool = request_field(False, BOOL)
+    # None: none; k >= 0: sampled token's logprob plus top k. Its request field differs per
+    # endpoint (an integer on completions; logprobs + top_logprobs on chat).
+    logprobs: int | None = request_field(None, None)
+    # Drop tokens below min_p x the top token's probability.
+    min_p: float = request_field(0.0, {**NUM, "minimum": 0, "maximum": 1})
+    # Eos and stop_token_ids are masked until this many tokens exist.
+    min_tokens: int = request_field(0, {**INT, "minimum": 0})
+    # OpenAI: subtracted once from every generated token's logit.
+    presence_penalty: float = request_field(
+        0.0, {**NUM, "minimum": -2, "maximum": 2}, needs_history=True
+    )
+    # OpenAI: subtracted per occurrence in the generated tokens.
+    frequency_penalty: float = request_field(
+        0.0, {**NUM, "minimum": -2, "maximum": 2}, needs_history=True
+    )
+    # transformers: divides (>0) or multiplies seen tokens' logits.
+    repetition_penalty: float = request_field(
+        1.0, {**NUM, "exclusiveMinimum": 0, "maximum": 10}, needs_history=True
+    )
+    # (token_id, bias in [-100, 100]) pairs.
+    logit_bias: tuple[tuple[int, float], ...] = request_field(
+        (),
+        {
+            "type": "object",
+            "additionalProperties": {**NUM, "minimum": -100, "maximum": 100},
+            "description": "token id (as a string) -> bias added to its logit",
+        },
+    )
+    # Sample this many, return the n of highest cumulative logprob.
+    best_of: int | None = request_field(
+        None,
+        {**INT, "minimum": 1, "maximum": MAX_SAMPLES, "description": "candidates; n best kept"},
+    )
+    # (kind in GUIDED_KINDS, spec): structured output, from the body's response_format or
+    # guided_json/regex/choice/grammar (shared/structured.py's guided_from_body).
+    guided: tuple[str, str] | None = request_field(None, None, by_name=False, needs_history=True)
     # Beam search (the paper's section 4.4): n beams, the n best hypotheses returned. Scores as
     # transformers ranks them: cumulative logprob / generated_length ** length_penalty.
-    use_beam_search: bool = False
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False  # True, False (transformers' heuristic) or "never"
+    use_beam_search: bool = request_field(
+        False,
+        {
+            **BOOL,
+            "description": "beam search: n beams, the n best hypotheses returned best first; "
+            "not streamable; temperature must be 0 or omitted",
+        },
+    )
+    length_penalty: float = request_field(
+        1.0, {**NUM, "description": "beam score = cumulative logprob / length ** x"}
+    )
+    # True, False (transformers' heuristic) or "never".
+    early_stopping: bool | str = request_field(False, {"oneOf": [BOOL, {"enum": ["never"]}]})
     # vLLM's request priority: lower is served first. Only the `priority` scheduling policy reads
     # it; under FCFS a non-zero value is refused rather than silently ignored.
-    priority: int = 0
+    priority: int = request_field(
+        0,
+        {
+            **INT,
+            "minimum": -(2**31),
+            "maximum": 2**31 - 1,
+            "description": "lower is served first; needs --scheduling-policy priority",
+        },
+    )
 
     def __post_init__(self) -> None:
         _require_int("n", self.n, 1, MAX_SAMPLES)
@@ -141,6 +204,12 @@ class SamplingParams:
         return asked
 
     @property
+    def needs_history(self) -> bool:
+        """Whether the executor must be fed every token of the sequence: it learns penalty
+        counts and grammar state from the tokens plans feed it (the fields that say so)."""
+        return any(getattr(self, name) != default for name, default in _HISTORY_DEFAULTS)
+
+    @property
     def has_penalties(self) -> bool:
         return (
             self.presence_penalty != 0.0
@@ -171,6 +240,11 @@ class SamplingParams:
         values["logit_bias"] = [list(pair) for pair in self.logit_bias]
         values["guided"] = list(self.guided) if self.guided is not None else None
         return values
+
+
+# The fields a request body, or a line of `pagedserve generate`'s input, gives by name.
+BY_NAME_FIELDS = by_name_fields(SamplingParams)
+_HISTORY_DEFAULTS = history_defaults(SamplingParams)
 
 
 def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:

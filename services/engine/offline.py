@@ -10,15 +10,11 @@ from typing import Any, TextIO
 from services.engine.llm_engine import LLMEngine, RequestOutput
 from shared.chat import chat_prompt_ids
 from shared.errors import InvalidRequestError, PagedServeError
-from shared.sampling import SamplingParams
+from shared.sampling import BY_NAME_FIELDS, SamplingParams
 from shared.structured import guided_from_body
 
-SAMPLING_FIELDS = (
-    "n", "max_tokens", "temperature", "top_p", "top_k", "seed",
-    "stop_token_ids", "ignore_eos", "logprobs", "min_p", "min_tokens",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "best_of",
-    "use_beam_search", "length_penalty", "early_stopping", "priority",
-)  # fmt: skip
+# A line's sampling fields: those a request gives by name, as shared/sampling.py declares them.
+SAMPLING_FIELDS = BY_NAME_FIELDS
 
 
 def add_generate_args(parser: argparse.ArgumentParser) -> None:

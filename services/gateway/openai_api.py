@@ -15,7 +15,7 @@ from services.gateway.prompts import (
 from services.gateway.request_fields import reject_unsupported
 from shared.errors import InvalidRequestError, ModelNotFoundError
 from shared.protocol import SchedulerReady
-from shared.sampling import SamplingParams
+from shared.sampling import BY_NAME_FIELDS, SamplingParams
 from shared.structured import guided_from_body
 from shared.text_codec import decode_ids
 
@@ -206,30 +206,21 @@ def _sampling(
     bias = body.get("logit_bias")
     if bias is not None:
         _check_logit_bias(bias, info.executor.vocab_size)
-    values: dict[str, Any] = {
-        "n": n,
-        "best_of": best_of,
-        "max_tokens": max_tokens,
+    # Every sampling field the body gives by name (as shared/sampling.py declares them), then
+    # those the gateway checked above or derives per endpoint.
+    values: dict[str, Any] = {name: body.get(name) for name in BY_NAME_FIELDS}
+    values.update(
+        n=n,
+        best_of=best_of,
+        max_tokens=max_tokens,
         # Beam search is deterministic: an omitted temperature means 0 there, not 1.
-        "temperature": 0.0 if beam and body.get("temperature") is None else body.get("temperature"),
-        "top_p": body.get("top_p"),
-        "top_k": body.get("top_k"),
-        "min_p": body.get("min_p"),
-        "seed": body.get("seed"),
-        "stop_token_ids": tuple(stop_ids) if stop_ids is not None else None,
-        "ignore_eos": body.get("ignore_eos"),
-        "logprobs": logprobs,
-        "min_tokens": body.get("min_tokens"),
-        "presence_penalty": body.get("presence_penalty"),
-        "frequency_penalty": body.get("frequency_penalty"),
-        "repetition_penalty": body.get("repetition_penalty"),
-        "logit_bias": bias,
-        "guided": guided_from_body(body, info.grammar_limits),
-        "use_beam_search": beam,
-        "length_penalty": body.get("length_penalty"),
-        "early_stopping": body.get("early_stopping"),
-        "priority": body.get("priority"),
-    }
+        temperature=0.0 if beam and body.get("temperature") is None else body.get("temperature"),
+        stop_token_ids=tuple(stop_ids) if stop_ids is not None else None,
+        logprobs=logprobs,
+        logit_bias=bias,
+        guided=guided_from_body(body, info.grammar_limits),
+        use_beam_search=beam,
+    )
     # null means "the default", which SamplingParams supplies; it validates the rest itself.
     return SamplingParams(**{k: v for k, v in values.items() if v is not None})
 

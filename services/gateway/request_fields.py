@@ -12,32 +12,23 @@ from typing import Any
 
 from shared.chat import ROLES
 from shared.errors import InvalidRequestError
+from shared.sampling import SamplingParams
+from shared.sampling_fields import BOOL as _BOOL
+from shared.sampling_fields import INT as _INT
+from shared.sampling_fields import INTS as _INTS
+from shared.sampling_fields import STR as _STR
+from shared.sampling_fields import body_schema
 
-_INT = {"type": "integer"}
-_NUM = {"type": "number"}
-_BOOL = {"type": "boolean"}
-_STR = {"type": "string"}
 _STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 4}]}
-_INTS = {"type": "array", "items": _INT}
 
-# Fields both generation endpoints implement (OpenAI's, then vLLM's extensions).
+# Fields both generation endpoints implement (OpenAI's, then vLLM's extensions): the sampling
+# fields as shared/sampling.py declares them, then the ones the gateway itself reads.
 COMMON: dict[str, dict[str, Any]] = {
+    **body_schema(SamplingParams),
     "model": _STR,
-    "n": {**_INT, "minimum": 1, "maximum": 64},
-    "best_of": {**_INT, "minimum": 1, "maximum": 64, "description": "candidates; n best kept"},
-    "temperature": {**_NUM, "minimum": 0, "maximum": 100},
-    "top_p": {**_NUM, "exclusiveMinimum": 0, "maximum": 1},
-    "seed": _INT,
     "stop": _STOP,
     "stream": _BOOL,
     "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
-    "presence_penalty": {**_NUM, "minimum": -2, "maximum": 2},
-    "frequency_penalty": {**_NUM, "minimum": -2, "maximum": 2},
-    "logit_bias": {
-        "type": "object",
-        "additionalProperties": {**_NUM, "minimum": -100, "maximum": 100},
-        "description": "token id (as a string) -> bias added to its logit",
-    },
     "response_format": {
         "type": "object",
         "properties": {
@@ -45,34 +36,14 @@ COMMON: dict[str, dict[str, Any]] = {
             "json_schema": {"type": "object"},
         },
     },
-    "top_k": _INT,
-    "min_p": {**_NUM, "minimum": 0, "maximum": 1},
-    "repetition_penalty": {**_NUM, "exclusiveMinimum": 0, "maximum": 10},
-    "min_tokens": {**_INT, "minimum": 0},
-    "ignore_eos": _BOOL,
-    "stop_token_ids": _INTS,
     "guided_json": {"oneOf": [{"type": "object"}, _STR]},
     "guided_regex": _STR,
     "guided_choice": {"type": "array", "items": _STR},
     "guided_grammar": _STR,
-    "use_beam_search": {
-        **_BOOL,
-        "description": "beam search: n beams, the n best hypotheses returned best first; "
-        "not streamable; temperature must be 0 or omitted",
-    },
-    "length_penalty": {**_NUM, "description": "beam score = cumulative logprob / length ** x"},
-    "early_stopping": {"oneOf": [_BOOL, {"enum": ["never"]}]},
-    "priority": {
-        **_INT,
-        "minimum": -(2**31),
-        "maximum": 2**31 - 1,
-        "description": "lower is served first; needs --scheduling-policy priority",
-    },
 }
 
 COMPLETION_ONLY: dict[str, dict[str, Any]] = {
     "prompt": {"oneOf": [_STR, _INTS, {"type": "array", "items": _STR, "maxItems": 1}]},
-    "max_tokens": {**_INT, "minimum": 1},
     "echo": _BOOL,
     "logprobs": {**_INT, "minimum": 0, "maximum": 5},
 }
@@ -93,7 +64,6 @@ MESSAGES: dict[str, Any] = {
 
 CHAT_ONLY: dict[str, dict[str, Any]] = {
     "messages": MESSAGES,
-    "max_tokens": {**_INT, "minimum": 1},
     "max_completion_tokens": {**_INT, "minimum": 1},
     "logprobs": _BOOL,
     "top_logprobs": {**_INT, "minimum": 0, "maximum": 20},

@@ -22,7 +22,7 @@ def needs_history(group: SequenceGroup) -> bool:
     """Whether the executor must be fed every token of the group's sequences: it learns penalty
     counts and grammar state from the tokens plans feed it, and a block reused instead of
     computed is never fed. (Prompt logprobs, the other thing that would, do not exist.)"""
-    return group.sampling.has_penalties or group.sampling.guided is not None
+    return group.sampling.needs_history
 
 
 class BlockManager:
