@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from services.config_args import config_json_argv, engine_config_from_args
-from services.gateway.service import check_exposure
+from services.gateway.service import add_gateway_args, check_exposure
 from services.restart_budget import RestartBudget
 from shared.config import EngineConfig
+from shared.flags import parsed_argv
 from shared.ipc import Addresses
 from shared.model_source import model_name, resolve_model
 
@@ -67,20 +68,7 @@ class Stack:
             # The scheduler binds every pipe, so it goes first; the others connect to it.
             self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *engine, *name, *wires])
             self._spawn(f"executor{suffix}", ["-m", "services.executor", *engine, *wires], env)
-        gateway = ["--model", model_dir, "--host", args.host, "--port", str(args.port)]
-        if args.allow_unauthenticated:
-            gateway += ["--allow-unauthenticated"]
-        gateway += [
-            "--body-read-timeout", str(args.body_read_timeout),
-            "--header-read-timeout", str(args.header_read_timeout),
-            "--keepalive-timeout", str(args.keepalive_timeout),
-            "--max-connections", str(args.max_connections),
-        ]  # fmt: skip
-        if args.max_queued_requests is not None:
-            gateway += ["--max-queued-requests", str(args.max_queued_requests)]
-        gateway += ["--max-chat-messages", str(args.max_chat_messages)]
-        if args.request_timeout is not None:
-            gateway += ["--request-timeout", str(args.request_timeout)]
+        gateway = ["--model", model_dir, *gateway_argv(args)]
         for addresses in replicas[1:]:
             gateway += ["--replica-addr", addresses.gateway]
         gateway_env = _gateway_env(args.api_key)
@@ -193,6 +181,14 @@ def _replica_engine(
     size = parallel.tensor_parallel_size
     devices = ",".join(str(d) for d in range(index * size, (index + 1) * size))
     return config, {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
+
+
+def gateway_argv(args: argparse.Namespace) -> list[str]:
+    """The gateway's own flags of `serve`, as its process takes them; the API key goes by the
+    environment instead (see _gateway_env)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_gateway_args(parser)
+    return parsed_argv(parser, args, skip=frozenset({"api_key"}))
 
 
 def _gateway_env(api_key: str | None) -> dict[str, str]:

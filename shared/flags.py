@@ -123,6 +123,25 @@ def config_argv(config: type, args: argparse.Namespace, **overrides: Any) -> lis
     return argv
 
 
+def parsed_argv(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, skip: frozenset[str] = frozenset()
+) -> list[str]:
+    """The flags `parser` defines, at their values in `args`, as a command line that parses back
+    to them (for flags declared straight on a parser; dests in `skip` are left out)."""
+    argv: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in skip or action.dest == "help":
+            continue
+        value = getattr(args, action.dest)
+        name = action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            if value != action.default:
+                argv.append(name)
+        elif value is not None:
+            argv += [name, str(value)]
+    return argv
+
+
 def config_from_dict(config: type, values: dict) -> Any:
     """`config` from the plain dict that dataclasses.asdict made of it (e.g. after JSON); nested
     configs missing from `values` keep their defaults."""
