@@ -34,9 +34,11 @@ def run(
     reuse_port: bool,
     limits: ConnectionLimits,
     on_refused: Callable[[], None] = lambda: None,
+    on_listening: Callable[[int], None] = lambda port: None,
 ) -> None:
+    """on_listening gets the bound port once the socket listens (the kernel's pick for port 0)."""
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(app, host, port, reuse_port, limits, on_refused))
+        runner.run(_serve(app, host, port, reuse_port, limits, on_refused, on_listening))
 
 
 def make_runner(app: web.Application, limits: ConnectionLimits) -> web.AppRunner:
@@ -72,6 +74,7 @@ async def _serve(
     reuse_port: bool,
     limits: ConnectionLimits,
     on_refused: Callable[[], None],
+    on_listening: Callable[[int], None],
 ) -> None:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -85,6 +88,7 @@ async def _serve(
         await listen(
             runner, host, port, reuse_port=reuse_port, limits=limits, on_refused=on_refused
         )
+        on_listening(runner.addresses[0][1])  # (host, port) or IPv6's (host, port, flow, scope)
         await asyncio.Future()  # until a signal cancels this task
     except asyncio.CancelledError:
         pass  # the signal: shut down in order below

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import ipaddress
 import logging
 import os
@@ -26,7 +27,14 @@ log = logging.getLogger("pagedserve.gateway")
 def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("HTTP")
     group.add_argument("--host", default="127.0.0.1")
-    group.add_argument("--port", type=int, default=8000)
+    group.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="0: a free port the kernel picks, reported once bound (serve: in the url of its "
+        "'pagedserve: ready' line; the gateway process: in --port-file), so that no other "
+        "process can take it between a pick and the bind",
+    )
     group.add_argument(
         "--api-key",
         default=os.environ.get("PAGEDSERVE_API_KEY") or None,
@@ -144,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ready-file", default=None, help="create this file once the gateway can serve"
     )
+    parser.add_argument(
+        "--port-file", default=None, help="write the bound port to this file once listening"
+    )
     args = parser.parse_args(argv)
     try:
         check_exposure(args)
@@ -203,8 +214,18 @@ def main(argv: list[str] | None = None) -> int:
         reuse_port=args.reuse_port,
         limits=limits,
         on_refused=app[STATE].metrics.connections_refused.inc,
+        on_listening=functools.partial(_report_port, args.port_file),
     )
     return 0
+
+
+def _report_port(port_file: str | None, port: int) -> None:
+    log.info("listening on port %d", port)
+    if port_file:
+        # Renamed into place whole: a reader polling for the file never sees half of it.
+        with open(f"{port_file}.tmp", "w") as f:
+            f.write(f"{port}\n")
+        os.replace(f"{port_file}.tmp", port_file)
 
 
 def _backend(args: argparse.Namespace) -> ZmqBackend | ReplicaRouter:

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from services.gateway.service import check_exposure
-from tests.service.stack_process import API_KEY, HEADERS, ServeProcess, free_port
+from tests.service.stack_process import API_KEY, HEADERS, ServeProcess
 from tests.support.polling import eventually
 
 
@@ -45,7 +45,7 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.mark.parametrize("command", ["services.gateway", "services.cli serve"])
 def test_refuses_to_start_unauthenticated_on_all_addresses(command, tiny_model_dir):
     argv = [sys.executable, "-m", *command.split(), "--model", str(tiny_model_dir)]
-    argv += ["--host", "0.0.0.0", "--port", str(free_port())]
+    argv += ["--host", "0.0.0.0", "--port", "0"]
     result = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "no API key is set" in result.stderr
@@ -70,9 +70,10 @@ def _status(port: int, path: str) -> int:
 
 @pytest.mark.parametrize("consent", ["--allow-unauthenticated", "PAGEDSERVE_API_KEY"])
 async def test_starts_on_all_addresses_with_a_key_or_consent(consent, tiny_model_dir, tmp_path):
-    port = free_port()
+    port_file = tmp_path / "port"
     argv = [sys.executable, "-m", "services.gateway", "--model", str(tiny_model_dir)]
-    argv += ["--host", "0.0.0.0", "--port", str(port), "--header-read-timeout", "1"]
+    argv += ["--host", "0.0.0.0", "--port", "0", "--port-file", str(port_file)]
+    argv += ["--header-read-timeout", "1"]
     argv += ["--gateway-addr", f"ipc://{tmp_path}/gateway"]  # no scheduler there: not ready
     env = _env()
     if consent == "PAGEDSERVE_API_KEY":
@@ -81,8 +82,11 @@ async def test_starts_on_all_addresses_with_a_key_or_consent(consent, tiny_model
         argv.append(consent)
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
     try:
-        await eventually(lambda: proc.poll() is not None or _listening(port), timeout=120)
+        # The gateway binds a port the kernel picks and says which once it listens.
+        await eventually(lambda: proc.poll() is not None or port_file.exists(), timeout=120)
         assert proc.poll() is None
+        port = int(port_file.read_text())
+        assert _listening(port)
         # Listening, not ready (no scheduler), and asking for the key only when it has one.
         assert _status(port, "/health") == 503
         assert _status(port, "/v1/models") == (401 if consent == "PAGEDSERVE_API_KEY" else 503)
