@@ -40,6 +40,10 @@ class Stack:
         self.budgets: dict[str, RestartBudget] = {}  # one per process name, made at its spawn
         self.envs: dict[str, dict[str, str] | None] = {}  # per process; None: the launcher's
         self.ipc_dir = tempfile.mkdtemp(prefix="pagedserve-")  # private pipes of this stack
+        # With --port 0 the first gateway binds a port the kernel picks and writes it to a file;
+        # the others (sharing it) start once it is known.
+        self.port: int = args.port
+        self._deferred: list[tuple[str, list[str], dict[str, str]]] = []
 
     def start(self) -> None:
         args = self.args
@@ -83,6 +87,11 @@ class Stack:
             argv = ["-m", "services.gateway", *gateway, *_wires(replicas[0])]
             if num_gateways > 1:
                 argv += ["--ready-file", self._ready_file(name)]
+            if self.port == 0 and i == 0:
+                argv += ["--port-file", self._port_file()]
+            elif self.port == 0:
+                self._deferred.append((name, argv, gateway_env))
+                continue
             self._spawn(name, argv, gateway_env)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
@@ -122,12 +131,32 @@ class Stack:
     def _ready_file(self, gateway: str) -> str:
         return os.path.join(self.ipc_dir, f"{gateway}.ready")
 
+    def _port_file(self) -> str:
+        return os.path.join(self.ipc_dir, "gateway.port")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.args.host}:{self.port}"
+
+    def _learn_port(self) -> None:
+        """--port 0: once the first gateway listens, its port is every gateway's, restarts too."""
+        try:
+            with open(self._port_file()) as f:
+                self.port = int(f.read())
+        except FileNotFoundError:
+            return  # not listening yet
+        for name in [n for n in self.argv if n.startswith("gateway")]:
+            self.argv[name] = _with_port(self.argv[name], self.port)
+        for name, argv, env in self._deferred:
+            self._spawn(name, _with_port(argv, self.port), env)
+        self._deferred.clear()
+
     def _gateways_listening(self) -> bool:
         """Behind a shared port /health reaches any one gateway: each says so in a file."""
         gateways = [n for n in self.procs if n.startswith("gateway")]
         return len(gateways) == 1 or all(os.path.exists(self._ready_file(n)) for n in gateways)
 
-    def wait_ready(self, url: str, timeout: float, stopping: Callable[[], bool]) -> str | None:
+    def wait_ready(self, timeout: float, stopping: Callable[[], bool]) -> str | None:
         """None once /health answers 200 (and every gateway listens), else why not."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -136,16 +165,20 @@ class Stack:
             gone = self.exited()
             if gone is not None:
                 return f"the {gone[0]} process exited with code {gone[1]} during start-up"
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    # "degraded": some replica is not up yet; start-up waits for all of them.
-                    ok = response.status == 200 and json.load(response).get("status") == "ok"
-                if ok and self._gateways_listening():
-                    return None
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+            if self.port == 0:
+                self._learn_port()
+            if self.port != 0 and self._health_ok() and self._gateways_listening():
+                return None
             time.sleep(0.5)
         return f"not ready after {timeout:.0f} s"
+
+    def _health_ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                # "degraded": some replica is not up yet; start-up waits for all of them.
+                return response.status == 200 and json.load(response).get("status") == "ok"
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
 
     def stop(self) -> None:
         # Gateway first (it ends open streams), then the schedulers, then the executors.
@@ -203,6 +236,11 @@ def _gateway_env(api_key: str | None) -> dict[str, str]:
     return env
 
 
+def _with_port(argv: list[str], port: int) -> list[str]:
+    at = argv.index("--port") + 1
+    return [*argv[:at], str(port), *argv[at + 1 :]]
+
+
 def _wires(addresses: Addresses) -> list[str]:
     return [
         "--gateway-addr", addresses.gateway,
@@ -222,17 +260,16 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    url = f"http://{args.host}:{args.port}"
     try:
         stack.start()
-        problem = stack.wait_ready(url, START_TIMEOUT_S, lambda: stopping["signal"] is not None)
+        problem = stack.wait_ready(START_TIMEOUT_S, lambda: stopping["signal"] is not None)
         if problem is not None and stopping["signal"] is None:
             print(f"pagedserve: failed to start: {problem}", file=sys.stderr)
             return 1
         if stopping["signal"] is None:
             info = {
                 "model": model_name(args.model),
-                "url": url,
+                "url": stack.url,  # with --port 0, the port the kernel picked
                 "pids": {n: p.pid for n, p in stack.procs.items()},
             }
             print(f"pagedserve: ready {json.dumps(info)}", flush=True)

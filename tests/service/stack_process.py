@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,22 +20,15 @@ API_KEY = "test-key"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServeProcess:
     """The launcher and its current children's pids (updated from its `restarted` lines)."""
 
     def __init__(self, model_dir: Path, *extra: str, start_timeout: float = 240.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.model = Path(model_dir).name
+        # Port 0: the gateway binds one the kernel picks, and the ready line's url names it.
         argv = [
             sys.executable, "-m", "services.cli", "serve", "--model", str(model_dir),
-            "--port", str(self.port), "--api-key", API_KEY, *extra,
+            "--port", "0", "--api-key", API_KEY, *extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         self.pids: dict[str, int] = {}
@@ -50,7 +42,10 @@ class ServeProcess:
     def _follow(self) -> None:
         for line in self.proc.stdout:
             if line.startswith("pagedserve: ready"):
-                self.pids = json.loads(line.split(" ", 2)[2])["pids"]
+                info = json.loads(line.split(" ", 2)[2])
+                self.port = int(info["url"].rsplit(":", 1)[1])
+                self.url = f"http://127.0.0.1:{self.port}"  # whatever --host it listens on
+                self.pids = info["pids"]
                 self._ready.set()
             elif "restarted" in line:
                 self.restarts.append(line.split()[2])
