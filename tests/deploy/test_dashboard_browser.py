@@ -4,8 +4,8 @@ run, and a screenshot is saved as a test artifact (tmp/artifacts/dashboard.png).
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,19 +26,12 @@ BROWSER = find_browser()
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium on this machine")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def small_pool_stack(tiny_model_dir):
     """A stack whose pool is small enough that 10 long requests fill it and swap each other."""
-    port = _free_port()
     argv = [
         sys.executable, "-m", "services.cli", "serve", "--model", str(tiny_model_dir),
-        "--port", str(port), "--api-key", API_KEY, "--block-size", "4",
+        "--port", "0", "--api-key", API_KEY, "--block-size", "4",
         "--num-device-blocks", str(NUM_BLOCKS), "--max-num-seqs", "16",
         "--preemption-mode", "swap",
     ]  # fmt: skip
@@ -50,6 +43,7 @@ def small_pool_stack(tiny_model_dir):
         if line.startswith("pagedserve: ready"):
             break
     assert line.startswith("pagedserve: ready"), f"stack did not start (exit {proc.poll()})"
+    port = json.loads(line.split(" ", 2)[2])["url"].rsplit(":", 1)[1]  # the one it bound
     try:
         yield f"http://127.0.0.1:{port}", Path(tiny_model_dir).name
     finally:
