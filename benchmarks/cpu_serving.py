@@ -28,7 +28,7 @@ from pathlib import Path
 
 from services.bench.http_load import run_load
 from services.bench.latency import summarize
-from services.bench.server import free_port, wait_healthy
+from services.bench.server import free_port, wait_healthy, wait_ready_url
 from services.bench.traces import TraceRequest
 from shared.model_source import embedded_gguf_path, resolve_model
 
@@ -77,11 +77,19 @@ def make_trace(args, run: int, vocab_size: int) -> list[TraceRequest]:
 class Server:
     """One server process, started idle; measured in turns with the others."""
 
-    def __init__(self, label: str, argv: list[str], url: str, log_path: Path) -> None:
+    def __init__(self, label: str, argv: list[str], url: str | None, log_path: Path) -> None:
+        """url None: a `pagedserve serve --port 0`, whose ready line names the port it bound."""
         print(f"== {label}: {shlex.join(argv)}", flush=True)
         self.label, self.argv, self.url, self.runs = label, argv, url, []
+        self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, start_new_session=True, stdout=self.log, stderr=self.log)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        if self.url is None:
+            self.url = wait_ready_url(self.proc, self.log_path, timeout_s)
+        else:
+            wait_healthy(self.proc, self.url, timeout_s)
 
     def measure(self, trace, tokenizer, kind: str) -> dict:
         records, duration = asyncio.run(run_load(self.url, trace))
@@ -150,10 +158,9 @@ def main() -> None:
     log_prefix = Path(tempfile.gettempdir()) / Path(args.output).stem
     try:
         for label, extra in configs:
-            port = free_port()
-            argv = pagedserve_argv(port, args.threads, extra)
+            argv = pagedserve_argv(0, args.threads, extra)  # port 0: the server picks one
             log = Path(f"{log_prefix}.{label}.log")
-            servers.append(Server(f"pagedserve {label}", argv, f"http://127.0.0.1:{port}", log))
+            servers.append(Server(f"pagedserve {label}", argv, None, log))
         if args.llama_server:
             port = free_port()
             gguf = args.gguf or str(embedded_gguf_path())
@@ -161,7 +168,7 @@ def main() -> None:
             log = Path(f"{log_prefix}.llama.cpp.log")
             servers.append(Server("llama.cpp", argv, f"http://127.0.0.1:{port}", log))
         for server in servers:
-            wait_healthy(server.proc, server.url, timeout_s=600.0)
+            server.wait_ready(timeout_s=600.0)
         # Idle servers take no CPU: each is measured in turn, run by run, so that a change in
         # the machine's load falls on every server alike rather than on one.
         for i in range(args.warmup + args.runs):

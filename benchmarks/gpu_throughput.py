@@ -26,7 +26,6 @@ import json
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 from services.bench.random_models import SHAPES, build_model
+from services.bench.server import ready_url
 from services.engine.llm_engine import LLMEngine
 from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
 from shared.sampling import SamplingParams
@@ -110,12 +110,6 @@ def run_in_process(
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return result
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _stream_share(url: str, model: str, prompts, out_lens, start_at: float) -> dict:
@@ -197,9 +191,9 @@ def _stream_all(url: str, model: str, prompts, out_lens, num_clients: int) -> di
 
 
 def run_served(model_dir: Path, args, prompts, out_lens, overlap: bool = True) -> dict:
-    port = _free_port()
+    # Port 0: the server binds one the kernel picks and names it in its ready line.
     argv = [sys.executable, "-m", "services.cli", "serve", "--model", str(model_dir),
-            "--port", str(port), "--dtype", args.dtype, "--device", args.device,
+            "--port", "0", "--dtype", args.dtype, "--device", args.device,
             "--kv-cache-gb", str(args.kv_cache_gb), "--max-num-seqs", str(args.num_requests),
             "--max-num-batched-tokens", "8192", "--gateways", str(args.gateways)]  # fmt: skip
     if not overlap:
@@ -207,14 +201,11 @@ def run_served(model_dir: Path, args, prompts, out_lens, overlap: bool = True) -
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
-        line = ""
-        while time.monotonic() < deadline and proc.poll() is None:
-            line = proc.stdout.readline()
-            if line.startswith("pagedserve: ready"):
-                break
-        if not line.startswith("pagedserve: ready"):
+        url = None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            url = ready_url(proc.stdout.readline())
+        if url is None:
             raise RuntimeError(f"the server did not start (exit {proc.poll()})")
-        url = f"http://127.0.0.1:{port}"
         warm = [p[:8] for p in prompts[: 2 * args.gateways]]
         _stream_all(url, model_dir.name, warm, [4] * len(warm), 1)
         result = _stream_all(url, model_dir.name, prompts, out_lens, args.client_processes)

@@ -27,13 +27,14 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
 from services.bench.http_load import model_name
-from services.bench.server import free_port, wait_healthy
+from services.bench.server import wait_ready_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,13 +99,16 @@ async def measure(url: str, args: argparse.Namespace) -> dict:
 
 
 def run_setting(label: str, flags: str, args: argparse.Namespace) -> dict:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "services.cli", "serve", "--port", str(port)]
+    # Port 0: the server binds one the kernel picks and names it in its ready line.
+    argv = [sys.executable, "-m", "services.cli", "serve", "--port", "0"]
     argv += shlex.split(args.common) + shlex.split(flags)
-    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, env=os.environ.copy())
+    log_path = Path(tempfile.gettempdir()) / f"long_prompt_fairness.{label}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, start_new_session=True, env=os.environ.copy(), stdout=log
+        )
     try:
-        wait_healthy(proc, url, 600)
+        url = wait_ready_url(proc, log_path, 600)
         result = asyncio.run(measure(url, args))
     finally:
         proc.send_signal(signal.SIGINT)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from services.config_args import engine_argv
 
@@ -38,8 +40,36 @@ class Server:
                 self.proc.wait()
 
 
+READY_LINE = "pagedserve: ready "
+
+
+def ready_url(line: str) -> str | None:
+    """The url in `pagedserve serve`'s ready line (with --port 0, the port the kernel picked),
+    or None for any other line."""
+    if not line.startswith(READY_LINE):
+        return None
+    port = json.loads(line[len(READY_LINE) :])["url"].rsplit(":", 1)[1]
+    return f"http://127.0.0.1:{port}"  # whatever --host it listens on
+
+
+def wait_ready_url(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> str:
+    """The url of a `pagedserve serve` child whose stdout goes to log_path, once its ready line
+    is there (it prints it when /health answers); raise if it exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = Path(log_path).read_text(errors="replace")
+        url = next(filter(None, map(ready_url, text.splitlines())), None)
+        if url is not None:
+            return url
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}; its log: {log_path}")
+        time.sleep(0.2)
+    raise TimeoutError(f"no ready line after {timeout_s} s; the server's log: {log_path}")
+
+
 def free_port() -> int:
-    """A port free now; the server binds it a moment later (a benchmark's own machine)."""
+    """A port free now, for a server that cannot bind port 0 and report it (llama-server); it
+    binds the port a moment later."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
