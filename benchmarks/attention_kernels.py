@@ -127,7 +127,7 @@ def main() -> int:
     parser.add_argument("--output", default="benchmarks/results/kernels.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("benchmarks/attention_kernels.py needs a CUDA device; GPU figures are not measured here.")
+        print(f"{Path(__file__).name} needs a CUDA device; GPU figures are not measured here.")
         return 1
 
     device = torch.device("cuda")

@@ -81,8 +81,8 @@ async def drive(args, addresses: Addresses, vocab: int) -> dict:
 
 def run_in_process(args, model_dir: Path, vocab: int) -> dict:
     """The same requests through the in-process engine with the same engine settings."""
-    from services.engine.llm_engine import LLMEngine
     from services.config_args import add_engine_args, engine_config_from_args
+    from services.engine.llm_engine import LLMEngine
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
