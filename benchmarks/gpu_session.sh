@@ -44,8 +44,8 @@ for s in $STAGES; do
     case $s in
     tests)  # only the files with GPU tests: others import packages this machine may lack
         stage tests 240 $PY -m pytest -q -m gpu -p no:cacheprovider \
-            tests/test_triton_decode.py tests/test_triton_cache.py tests/test_triton_prefill.py \
-            tests/test_phase_timer.py tests/test_cuda_graphs.py ;;
+            tests/triton/test_triton_decode.py tests/triton/test_triton_cache.py tests/triton/test_triton_prefill.py \
+            tests/unit/executor/test_phase_timer.py tests/triton/test_cuda_graphs.py ;;
     kernels)
         stage kernels 150 $PY benchmarks/attention_kernels.py --dtype bfloat16 --output "$OUT/kernels.json" ;;
     1b)  # in-process (overlapped, one step after another, eager), served (async and sync),
