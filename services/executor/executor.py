@@ -80,7 +80,8 @@ class Executor:
         )
         self.quantization = resolve_quantization(config.model.quantization, model_dir, self.device)
         # Only int4 repacks the file's own Q4_1 blocks; int8 quantizes the fp32 weights (the
-        # embedding's int8 rows then equal the file's Q8_0 blocks, see tests/engine/test_quantized.py).
+        # embedding's int8 rows then equal the file's Q8_0 blocks, see
+        # tests/engine/test_quantized.py).
         gguf_path = source_gguf(model_dir) if self.quantization == "int4" else None
         quantize_model(self.model, self.quantization, gguf_path)
         # This rank's KV heads of every block: one block table serves every rank.
