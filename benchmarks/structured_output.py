@@ -156,6 +156,7 @@ def main() -> None:
         "rounds": rounds,
         "summary": summary,
     }
+    engine.close()  # and its grammar compile worker process
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")
 

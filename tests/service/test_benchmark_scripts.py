@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -193,12 +194,18 @@ def restored_process_state():
         torch.set_num_threads(threads)
 
 
+def _live_children() -> set[int]:
+    children = psutil.Process().children(recursive=True)
+    return {c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE}
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.script, marks=c.marks) for c in CASES])
 def test_benchmark_script_writes_its_json(
     case, tiny_model_dir, tmp_path, monkeypatch, restored_process_state
 ):
     out = tmp_path / "out.json"
     script = BENCHMARKS / f"{case.script}.py"
+    children_before = _live_children()
     # Anything the script writes by a relative default lands here, not in the checkout.
     monkeypatch.chdir(tmp_path)
     sys.argv = [str(script), *case.argv(tiny_model_dir, out)]
@@ -210,6 +217,8 @@ def test_benchmark_script_writes_its_json(
     for dotted in case.required:
         value = _at(data, dotted)
         assert value is not None and value != [] and value != {}, dotted
+    # A script stops what it started (servers, ranks, workers) before it returns.
+    assert _live_children() <= children_before
 
 
 @pytest.mark.parametrize(
