@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start `pagedserve serve`, run Locust headless against it, write CSV and HTML reports, stop.
 #   loadtest/run.sh [-u USERS] [-t DURATION] [-o OUTDIR] [-- pagedserve serve flags...]
-# Environment: PYTHON (default .venv/bin/python), PORT (8000), PAGEDSERVE_API_KEY (a fixed
-# test key), and the LOADTEST_* settings of loadtest/locustfile.py.
+# Environment: PYTHON (default .venv/bin/python), PORT (8000; 0: a free one the server picks),
+# PAGEDSERVE_API_KEY (a fixed test key), and the LOADTEST_* settings of loadtest/locustfile.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +44,9 @@ for _ in $(seq 1800); do
   sleep 0.5
 done
 grep -q '^pagedserve: ready' "$log" || { echo "pagedserve not ready in time" >&2; exit 1; }
+# The port it listens on, from the ready line's url (the kernel's pick when PORT=0).
+url=$(grep -m1 '^pagedserve: ready' "$log" | sed -E 's/.*"url": "([^"]*)".*/\1/')
+port="${url##*:}"
 
 # Exits non-zero when any request failed. --stop-timeout lets running streams finish at the end.
 "$python" -m locust -f loadtest/locustfile.py --headless --only-summary \
