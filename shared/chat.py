@@ -32,14 +32,18 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
         raise InvalidRequestError(message, param="messages") from exc
 
 
-def validate_messages(messages: Any, max_messages: int | None = None) -> list[dict[str, str]]:
-    """OpenAI-style messages to {role, content} dicts of text, the roles the template knows."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError("messages must be a non-empty list", param="messages")
+def check_message_count(messages: list[Any], max_messages: int | None) -> None:
     if max_messages is not None and len(messages) > max_messages:
         raise InvalidRequestError(
             f"at most {max_messages} messages are allowed, got {len(messages)}", param="messages"
         )
+
+
+def validate_messages(messages: Any, max_messages: int | None = None) -> list[dict[str, str]]:
+    """OpenAI-style messages to {role, content} dicts of text, the roles the template knows."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list", param="messages")
+    check_message_count(messages, max_messages)
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):

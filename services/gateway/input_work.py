@@ -1,16 +1,20 @@
 """Where request bodies are parsed and prompts tokenized: small ones beside everything else, large
-ones queued on a thread of their own."""
+ones queued on a thread of their own, the largest parsed in a process of their own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple, TypeVar
 
-from shared.errors import InvalidRequestError
+from shared.chat import check_message_count
+from shared.errors import InvalidRequestError, ServiceUnavailableError
 
 T = TypeVar("T")
 
@@ -22,6 +26,13 @@ PARSE_OFF_LOOP_BYTES = 256 * 1024
 # Bodies from here on carry enough text (or token ids) that parsing and tokenizing them takes
 # long enough to hold a thread for a while: they queue on the large-input thread.
 LARGE_INPUT_BYTES = 64 * 1024
+# Bodies from here on are parsed in a process of their own. json.loads never lets go of the GIL
+# while it runs (about 50 ms for 5 MB, longer under load), so a few such bodies at once held up
+# the event loop and every other request's parse on the threads. The process also refuses a
+# `messages` past the limit, so what comes back (unpickled here, under the GIL again) is only a
+# body within the limits.
+PARSE_IN_PROCESS_BYTES = 1024 * 1024
+PARSES_PER_PROCESS = 32  # then a fresh process: what a parse left behind is given back
 
 
 class JsonBody(NamedTuple):
@@ -36,12 +47,40 @@ class InputWork:
 
     def __init__(self, large_workers: int = 1) -> None:
         self._large = ThreadPoolExecutor(large_workers, thread_name_prefix="large-input")
+        self._parser: ProcessPoolExecutor | None = None  # started by the first huge body
 
-    async def parse(self, raw: bytes) -> JsonBody:
+    async def parse(self, raw: bytes, max_messages: int | None = None) -> JsonBody:
         large = len(raw) >= LARGE_INPUT_BYTES
         if len(raw) < PARSE_OFF_LOOP_BYTES:
             return JsonBody(parse_json(raw), large)
-        return JsonBody(await self.run(True, parse_json, raw), large)
+        if len(raw) < PARSE_IN_PROCESS_BYTES:
+            return JsonBody(await self.run(True, parse_json, raw), large)
+        return JsonBody(await self._parse_in_process(raw, max_messages), large)
+
+    async def _parse_in_process(self, raw: bytes, max_messages: int | None) -> Any:
+        if self._parser is None:
+            # forkserver: the gateway runs threads, which a plain fork must not copy.
+            context = multiprocessing.get_context("forkserver")
+            # Its server would import the gateway's __main__ (transformers and all); the parser
+            # needs only this module.
+            context.set_forkserver_preload([__name__])
+            self._parser = ProcessPoolExecutor(
+                1,
+                mp_context=context,
+                initializer=_lower_priority,
+                max_tasks_per_child=PARSES_PER_PROCESS,
+            )
+        parser = self._parser
+        try:
+            return await asyncio.wrap_future(parser.submit(parse_bounded_json, raw, max_messages))
+        except BrokenProcessPool:
+            # Killed (by the OOM killer, say) while parsing: the next huge body gets a new one.
+            if self._parser is parser:
+                self._parser = None
+            parser.shutdown(wait=False, cancel_futures=True)
+            raise ServiceUnavailableError(
+                "the request body parser stopped; retry later", code="parser_failed"
+            ) from None
 
     async def run(self, large: bool, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -49,6 +88,20 @@ class InputWork:
 
     def close(self) -> None:
         self._large.shutdown(wait=False, cancel_futures=True)
+        if self._parser is not None:
+            self._parser.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    os.nice(5)  # the gateway's event loop and threads come first on a busy machine
+
+
+def parse_bounded_json(raw: bytes, max_messages: int | None) -> Any:
+    """parse_json, then a `messages` list past the limit refused where it was parsed."""
+    value = parse_json(raw)
+    if isinstance(value, dict) and isinstance(messages := value.get("messages"), list):
+        check_message_count(messages, max_messages)
+    return value
 
 
 def parse_json(raw: bytes) -> Any:

@@ -30,7 +30,7 @@ async def handle_generate(
     request: web.Request, state: GatewayState, kind: Kind
 ) -> web.StreamResponse:
     info = state.require_info()
-    body = await read_json(request, state.inputs)
+    body = await read_json(request, state.inputs, state.max_chat_messages)
     # Chat templates and tokenization cost a few milliseconds of CPU: keep them off the loop.
     if kind == "completion":
         work = functools.partial(parse_completion_request, body.value, info, state.tokenizer)
@@ -52,9 +52,11 @@ async def handle_generate(
         watcher.cancel()
 
 
-async def read_json(request: web.Request, inputs: InputWork) -> JsonBody:
+async def read_json(
+    request: web.Request, inputs: InputWork, max_messages: int | None = None
+) -> JsonBody:
     raw = await read_body(request)  # bounded: a body that stops coming is a 408
-    return await inputs.parse(raw)
+    return await inputs.parse(raw, max_messages)
 
 
 def error_response(error: dict[str, Any], status: int) -> web.Response:

@@ -66,7 +66,7 @@ def _check_model(body: dict[str, Any], model_name: str) -> None:
 
 
 async def handle_tokenize(request: web.Request, state: GatewayState) -> web.Response:
-    body = await read_json(request, state.inputs)
+    body = await read_json(request, state.inputs, state.max_chat_messages)
     return web.json_response(await state.inputs.run(body.large, tokenize_body, body.value, state))
 
 

@@ -1,0 +1,66 @@
+"""Bodies past PARSE_IN_PROCESS_BYTES are parsed in a process of the gateway's own, which refuses
+a `messages` list past the limit there; a parser that dies costs one 503, not the gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import psutil
+import pytest
+
+from services.gateway.input_work import PARSE_IN_PROCESS_BYTES, InputWork
+from shared.errors import InvalidRequestError, ServiceUnavailableError
+
+
+def _chat_body(num_messages: int) -> bytes:
+    filler = "x" * (PARSE_IN_PROCESS_BYTES // num_messages + 1)  # past the mark in all
+    messages = [{"role": "user", "content": filler}] * num_messages
+    raw = json.dumps({"model": "m", "messages": messages}).encode()
+    assert len(raw) >= PARSE_IN_PROCESS_BYTES
+    return raw
+
+
+def _parser_pids() -> list[int]:
+    return [child.pid for child in psutil.Process().children(recursive=True)]
+
+
+@pytest.fixture
+async def inputs():
+    work = InputWork()
+    yield work
+    work.close()
+
+
+async def test_a_huge_body_is_parsed_in_a_process_that_refuses_too_many_messages(inputs):
+    before = set(_parser_pids())
+    with pytest.raises(InvalidRequestError) as refused:
+        await inputs.parse(_chat_body(3000), max_messages=2048)
+    assert refused.value.param == "messages"
+    assert refused.value.message == "at most 2048 messages are allowed, got 3000"
+    assert set(_parser_pids()) - before  # the parse ran in a new child of this process
+
+    body = await inputs.parse(_chat_body(100), max_messages=2048)
+    assert len(body.value["messages"]) == 100 and body.large
+
+
+async def test_a_body_under_the_mark_is_parsed_here_whatever_its_messages(inputs):
+    raw = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 3000}).encode()
+    assert len(raw) < PARSE_IN_PROCESS_BYTES
+    before = _parser_pids()  # a forkserver an earlier test started stays
+    body = await inputs.parse(raw, max_messages=2048)  # the chat parser refuses it later
+    assert len(body.value["messages"]) == 3000
+    assert _parser_pids() == before
+
+
+async def test_a_parser_killed_costs_one_503_and_the_next_body_gets_a_new_one(inputs):
+    await inputs.parse(_chat_body(10))
+    # The forkserver and the parser it forked are both children; the parser is the youngest.
+    parser = max(psutil.Process().children(recursive=True), key=lambda p: p.create_time())
+    os.kill(parser.pid, signal.SIGKILL)
+    parser.wait(10)
+    with pytest.raises(ServiceUnavailableError):
+        await inputs.parse(_chat_body(10))
+    body = await inputs.parse(_chat_body(10))
+    assert len(body.value["messages"]) == 10
