@@ -23,6 +23,8 @@ from typing import Any, BinaryIO
 
 import msgpack
 
+from shared.cpu_priority import run_when_idle
+
 STARTUP_TIMEOUT_S = 300.0  # importing xgrammar (and torch) takes seconds on a loaded machine
 RECYCLE_RSS_BYTES = 1 << 30  # a worker that grew past this is replaced after its compile
 POLL_S = 0.1  # how soon a compile nobody waits for any more is stopped
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.executor.grammar_worker")
     parser.add_argument("--parent-pid", type=int, default=None, help="the executor's pid")
     _die_with_parent(parser.parse_args(argv).parent_pid)
-    os.nice(10)  # the executor's steps go first on a shared core
+    run_when_idle()  # a compile never takes a core from the steps
     # Frames go to the pipe stdout was; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -4,6 +4,7 @@ compiled for, and compiles on a worker process that is killed when one overruns 
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -126,5 +127,20 @@ def test_a_compile_nobody_waits_for_any_more_is_stopped(tiny_model_dir) -> None:
         assert compiles.worker.num_cancelled == 1 and compiles.worker.num_started == 2
         assert store.num_held == 1  # the small grammar, for sequence 21
         assert store.lookup(enum_schema(4, num_values=20000)) is None
+    finally:
+        compiles.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_compiles_and_their_loading_run_only_on_cpu_time_the_steps_leave(tiny_model_dir) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
+    done = threading.Event()
+    compiles = GrammarCompiles(store, timeout_s=300.0, answer=lambda message: done.set())
+    try:
+        compiles.submit(CompileGrammar(1, "regex", "[a-z]{1,5}", [10]))
+        assert done.wait(300)
+        assert os.sched_getscheduler(compiles.worker.pid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(compiles._thread.native_id) == os.SCHED_IDLE
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the step loop's thread is not
     finally:
         compiles.close()

@@ -1,0 +1,22 @@
+"""Background work that must not slow the model's steps: run it only on CPU time left over."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+
+def run_when_idle(thread: bool = False) -> None:
+    """Put this process (or, with `thread`, only the calling thread) under SCHED_IDLE.
+
+    At nice 10 a grammar compile still took about a tenth of a shared core, and a step waits for
+    its slowest torch thread, so other streams' gaps grew 4-5x while a big grammar compiled.
+    SCHED_IDLE runs it only when a core has nothing else to run. Linux schedules threads as
+    tasks of their own, so a thread id works where a process id does.
+    """
+    target = threading.get_native_id() if thread else 0
+    try:
+        os.sched_setscheduler(target, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        if not thread:
+            os.nice(19)  # not Linux: the lowest priority there is
