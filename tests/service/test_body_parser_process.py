@@ -48,10 +48,10 @@ async def test_a_huge_body_is_parsed_in_a_process_that_refuses_too_many_messages
 async def test_a_body_under_the_mark_is_parsed_here_whatever_its_messages(inputs):
     raw = json.dumps({"messages": [{"role": "user", "content": "hi"}] * 3000}).encode()
     assert len(raw) < PARSE_IN_PROCESS_BYTES
-    before = _parser_pids()  # a forkserver an earlier test started stays
+    before = set(_parser_pids())  # a forkserver an earlier test started stays
     body = await inputs.parse(raw, max_messages=2048)  # the chat parser refuses it later
     assert len(body.value["messages"]) == 3000
-    assert _parser_pids() == before
+    assert set(_parser_pids()) <= before  # nothing new (an old parser may be exiting)
 
 
 async def test_a_parser_killed_costs_one_503_and_the_next_body_gets_a_new_one(inputs):
