@@ -27,6 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     add_gateway_args(serve)
     serve.add_argument("--plan-log", default=None, help="scheduler: append one JSON line per step")
     serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the names requests may give as `model` (default: the model's own name), each "
+        "listed by /v1/models; the first is the one the ready line and /openapi.json report",
+    )
+    serve.add_argument(
         "--replicas",
         type=int,
         default=1,

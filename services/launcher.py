@@ -50,7 +50,7 @@ class Stack:
         model_dir = str(resolve_model(args.model))  # convert once, before children race to it
         config = engine_config_from_args(args)
         config = replace(config, model=replace(config.model, model=model_dir))
-        name = ["--model-name", model_name(args.model)]
+        name = [arg for served in served_model_names(args) for arg in ("--model-name", served)]
         name += ["--max-restarts", str(args.max_restarts)]
         name += ["--restart-window", str(args.restart_window)]
         if args.plan_log:
@@ -216,6 +216,12 @@ def _replica_engine(
     return config, {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
 
 
+def served_model_names(args: argparse.Namespace) -> list[str]:
+    """The names the API answers to, the first one reported (--served-model-name, else the
+    model's own name)."""
+    return getattr(args, "served_model_name", None) or [model_name(args.model)]
+
+
 def gateway_argv(args: argparse.Namespace) -> list[str]:
     """The gateway's own flags of `serve`, as its process takes them; the API key goes by the
     environment instead (see _gateway_env)."""
@@ -268,7 +274,7 @@ def serve(args: argparse.Namespace) -> int:
             return 1
         if stopping["signal"] is None:
             info = {
-                "model": model_name(args.model),
+                "model": served_model_names(args)[0],
                 "url": stack.url,  # with --port 0, the port the kernel picked
                 "pids": {n: p.pid for n, p in stack.procs.items()},
             }

@@ -99,6 +99,7 @@ class SchedulerReady:
     max_num_seqs: int
     model_name: str  # what /v1/models reports and requests must name
     grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)  # checked at the gateway
+    model_aliases: tuple[str, ...] = ()  # further names requests may use (--served-model-name)
 
 
 @dataclass

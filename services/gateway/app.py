@@ -20,6 +20,7 @@ from services.gateway.request_body import BODY_READ_TIMEOUT, DEFAULT_BODY_READ_T
 from services.gateway.serving import INTERNAL_ERROR, handle_generate
 from services.gateway.state import GatewayState
 from services.gateway.tokenize import handle_detokenize, handle_tokenize
+from services.gateway.tokenizer_info import handle_tokenizer_info
 from shared.errors import ModelNotFoundError, PagedServeError
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def create_app(
     for prefix in ("", "/v1"):  # vLLM serves these without the prefix; OpenAI clients add it
         app.router.add_post(f"{prefix}/tokenize", _tokenize)
         app.router.add_post(f"{prefix}/detokenize", _detokenize)
+    app.router.add_get("/tokenizer_info", _tokenizer_info)
     app.router.add_get("/openapi.json", _openapi)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
@@ -87,34 +89,42 @@ async def _detokenize(request: web.Request) -> web.Response:
     return await handle_detokenize(request, request.app[STATE])
 
 
+async def _tokenizer_info(request: web.Request) -> web.Response:
+    return await handle_tokenizer_info(request, request.app[STATE])
+
+
 async def _openapi(request: web.Request) -> web.Response:
     info = request.app[STATE].backend.info
     return web.json_response(openapi_spec(info.model_name if info is not None else None))
 
 
-def _model_card(state: GatewayState) -> dict[str, Any]:
+def _model_cards(state: GatewayState) -> list[dict[str, Any]]:
+    """One card per name the model is served under (its aliases are the same model)."""
     info = state.require_info()
-    return {
-        "id": info.model_name,
-        "object": "model",
-        "created": state.started,
-        "owned_by": "pagedserve",
-        "max_model_len": info.executor.max_model_len,
-    }
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "pagedserve",
+            "max_model_len": info.executor.max_model_len,
+        }
+        for name in (info.model_name, *info.model_aliases)
+    ]
 
 
 async def _models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+    return web.json_response({"object": "list", "data": _model_cards(request.app[STATE])})
 
 
 async def _model(request: web.Request) -> web.Response:
-    card = _model_card(request.app[STATE])
-    if request.match_info["model"] != card["id"]:
-        name = request.match_info["model"]
-        raise ModelNotFoundError(
-            f"the model `{name}` does not exist", param="model", code="model_not_found"
-        )
-    return web.json_response(card)
+    name = request.match_info["model"]
+    for card in _model_cards(request.app[STATE]):
+        if card["id"] == name:
+            return web.json_response(card)
+    raise ModelNotFoundError(
+        f"the model `{name}` does not exist", param="model", code="model_not_found"
+    )
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -145,7 +145,7 @@ def _check_model(body: dict[str, Any], info: SchedulerReady) -> str:
         raise InvalidRequestError("model is required", param="model")
     if not isinstance(model, str):
         raise InvalidRequestError(f"model must be a string, got {model!r}", param="model")
-    if model != info.model_name:
+    if model != info.model_name and model not in info.model_aliases:
         raise ModelNotFoundError(
             f"the model `{model}` does not exist; this server serves `{info.model_name}`",
             param="model",

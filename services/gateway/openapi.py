@@ -85,8 +85,9 @@ def openapi_spec(model_name: str | None) -> dict[str, Any]:
         ),
         "/v1/tokenize": _post("Token ids of a prompt or chat", tokenize, []),
         "/v1/detokenize": _post("Text of token ids", detokenize, ["tokens"]),
-        "/v1/models": _get("The served model"),
+        "/v1/models": _get("The served model, once per name it is served under"),
         "/v1/models/{model}": _get("One model card"),
+        "/tokenizer_info": _get("The tokenizer's class, configuration and chat template"),
         "/health": _get("Readiness (503 until ready)"),
         "/v1/kv_state": _get("The live KV block map: per-block references and owners, requests"),
     }

@@ -10,6 +10,7 @@ from services.gateway.prompts import chat_prompt_ids, max_seq_len, text_prompt_i
 from services.gateway.serving import read_json
 from services.gateway.state import GatewayState
 from shared.errors import InvalidRequestError
+from shared.protocol import SchedulerReady
 from shared.text_codec import decode_ids
 
 
@@ -18,7 +19,7 @@ def tokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     info = state.require_info()
-    _check_model(body, info.model_name)
+    _check_model(body, info)
     if ("prompt" in body) == ("messages" in body):
         raise InvalidRequestError("give exactly one of `prompt` and `messages`", param="prompt")
     if "messages" in body:
@@ -43,7 +44,7 @@ def detokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     info = state.require_info()
-    _check_model(body, info.model_name)
+    _check_model(body, info)
     tokens = body.get("tokens")
     vocab = info.executor.vocab_size
     if not isinstance(tokens, list) or not all(
@@ -55,11 +56,11 @@ def detokenize_body(body: Any, state: GatewayState) -> dict[str, Any]:
     return {"prompt": decode_ids(state.tokenizer, tokens, "tokens")}
 
 
-def _check_model(body: dict[str, Any], model_name: str) -> None:
+def _check_model(body: dict[str, Any], info: SchedulerReady) -> None:
     model = body.get("model")
-    if model is not None and model != model_name:
+    if model is not None and model != info.model_name and model not in info.model_aliases:
         raise InvalidRequestError(
-            f"the model `{model}` does not exist; this server serves `{model_name}`",
+            f"the model `{model}` does not exist; this server serves `{info.model_name}`",
             param="model",
             code="model_not_found",
         )

@@ -59,12 +59,14 @@ class SchedulerService:
         parent_pid: int | None = None,
         plan_log: str | None = None,
         restarts: RestartBudget | None = None,
+        aliases: tuple[str, ...] = (),
     ) -> None:
         self.config = config
         self.parent_pid = parent_pid
         self._plan_log = PlanLog(plan_log) if plan_log else None
         self.addresses = addresses
         self.model_name = name
+        self.model_aliases = aliases
         self.scheduler: Scheduler | None = None
         self.core: EngineCore | None = None
         self._work = asyncio.Event()
@@ -100,6 +102,7 @@ class SchedulerService:
                 self.config.scheduler.max_num_seqs,
                 self.model_name,
                 self.config.grammar.limits,
+                self.model_aliases,
             )
             freeze_startup_heap()
             log.info(
@@ -356,17 +359,28 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(parser)
     add_config_json_arg(parser)
     add_address_args(parser)
-    parser.add_argument("--model-name", default=None, help="the name the API reports")
+    parser.add_argument(
+        "--model-name",
+        action="append",
+        default=None,
+        help="the name the API reports; repeat for aliases requests may use as well",
+    )
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this one exits")
     parser.add_argument("--plan-log", default=None, help="append one JSON line per step here")
     add_restart_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = engine_config_from_args(args)
-    name = args.model_name or model_name(config.model.model)
+    name, *aliases = args.model_name or [model_name(config.model.model)]
     restarts = RestartBudget(args.max_restarts, args.restart_window)
     service = SchedulerService(
-        config, addresses_from_args(args), name, args.parent_pid, args.plan_log, restarts
+        config,
+        addresses_from_args(args),
+        name,
+        args.parent_pid,
+        args.plan_log,
+        restarts,
+        tuple(aliases),
     )
     import uvloop
 

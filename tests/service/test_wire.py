@@ -56,6 +56,7 @@ EXAMPLES = [
     StepResult(13, [], {}, "RuntimeError: boom"),
     SchedulerReady(READY, 256, "SmolLM2-135M-Instruct"),
     SchedulerReady(READY, 8, "tiny", GrammarLimits(100, 5, 10, 3)),
+    SchedulerReady(READY, 8, "tiny", GrammarLimits(), ("gpt-4o", "small")),
     CompileGrammar(7, "json_schema", '{"enum": ["a", "b"]}', [4, 9]),
     GrammarCompiled(7),
     GrammarCompiled(8, "compiling the regex constraint took longer than ..."),
