@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from services.gateway.prompts import (
@@ -13,10 +13,11 @@ from services.gateway.prompts import (
     text_prompt_ids,
 )
 from services.gateway.request_fields import reject_unsupported
+from services.gateway.tool_request import ToolRequest, tool_request
 from shared.errors import InvalidRequestError, ModelNotFoundError
 from shared.protocol import SchedulerReady
 from shared.sampling import BY_NAME_FIELDS, SamplingParams
-from shared.structured import guided_from_body
+from shared.structured import check_limits, check_spec, guided_from_body
 from shared.text_codec import decode_ids
 
 Kind = Literal["completion", "chat"]
@@ -39,6 +40,7 @@ class ParsedRequest:
     include_usage: bool = False
     echo_text: str | None = None  # completions with echo=true: the prompt as text
     logprobs: bool = False  # render logprobs in the response
+    tools: ToolRequest | None = None  # chat with tools offered: replies may carry tool calls
 
 
 def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) -> ParsedRequest:
@@ -85,12 +87,16 @@ def parse_chat_request(
     info: SchedulerReady,
     tokenizer: Any,
     max_messages: int = DEFAULT_MAX_CHAT_MESSAGES,
+    tool_parser: str | None = None,
 ) -> ParsedRequest:
     """Validate a /v1/chat/completions body and render its chat template (blocking)."""
     body = _require_object(body)
     reject_unsupported(body, "chat")
     model = _check_model(body, info)
-    prompt_ids = chat_prompt_ids(body.get("messages"), info, tokenizer, max_messages)
+    tools = tool_request(body, tool_parser, getattr(tokenizer, "chat_template", None))
+    prompt_ids = chat_prompt_ids(
+        body.get("messages"), info, tokenizer, max_messages, tools.tools if tools else None
+    )
     request_limits(info).check_prompt(prompt_ids, "messages")
 
     want_logprobs = _opt_bool(body, "logprobs", False)
@@ -118,16 +124,41 @@ def parse_chat_request(
         raise InvalidRequestError(f"{param} must be >= 1, got {max_tokens}", param=param)
     logprobs = (top or 0) if want_logprobs else None
     stream, include_usage = _stream_flags(body)
+    sampling = _sampling(body, info, max_tokens, logprobs, stream)
+    if tools is not None:
+        sampling = _force_tool_call(sampling, tools, info)
     return ParsedRequest(
         kind="chat",
         model=model,
         prompt_token_ids=prompt_ids,
-        sampling=_sampling(body, info, max_tokens, logprobs, stream),
+        sampling=sampling,
         stop=_stop_strings(body),
         stream=stream,
         include_usage=include_usage,
         logprobs=want_logprobs,
+        tools=tools,
     )
+
+
+def _force_tool_call(
+    sampling: SamplingParams, tools: ToolRequest, info: SchedulerReady
+) -> SamplingParams:
+    """A required or named tool_choice becomes a JSON-schema constraint over the call, so its
+    arguments always parse and follow the function's parameters."""
+    guided = tools.guided()
+    if guided is None:
+        return sampling
+    if sampling.guided is not None:
+        raise InvalidRequestError(
+            "a required or named tool_choice cannot be combined with a structured-output field",
+            param="tool_choice",
+        )
+    check_limits(*guided, info.grammar_limits, param="tools")
+    try:
+        check_spec(*guided)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(exc.message, param="tools") from None
+    return replace(sampling, guided=guided)
 
 
 # ---- pieces -----------------------------------------------------------------------------------

@@ -33,7 +33,11 @@ def text_prompt_ids(
 
 
 def chat_prompt_ids(
-    messages: Any, info: SchedulerReady, tokenizer: Any, max_messages: int
+    messages: Any,
+    info: SchedulerReady,
+    tokenizer: Any,
+    max_messages: int,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Chat messages to prompt token ids through the template (blocking), bounded at each step.
 
@@ -43,7 +47,7 @@ def chat_prompt_ids(
     """
     validated = validate_messages(messages, max_messages)
     check_text_len(sum(len(m["content"]) for m in validated), info, tokenizer, "messages")
-    text = render_chat(tokenizer, validated)
+    text = render_chat(tokenizer, validated, tools)
     check_text_len(len(text), info, tokenizer, "messages")
     # The template writes any special tokens itself, as apply_chat_template(tokenize=True) does.
     return encode_text(tokenizer, text, "messages", add_special_tokens=False)

@@ -67,13 +67,28 @@ CHAT_ONLY: dict[str, dict[str, Any]] = {
     "max_completion_tokens": {**_INT, "minimum": 1},
     "logprobs": _BOOL,
     "top_logprobs": {**_INT, "minimum": 0, "maximum": 20},
+    "tools": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["type", "function"],
+            "properties": {"type": {"enum": ["function"]}, "function": {"type": "object"}},
+        },
+    },
+    "tool_choice": {
+        "oneOf": [
+            {"enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "function"]},
+        ]
+    },
+    "parallel_tool_calls": _BOOL,
 }
 
 # Known fields we do not implement -> the values that mean "not used" and are let through.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
+    "tools@completion": (None, []),
+    "tool_choice@completion": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "audio": (None,),
@@ -96,7 +111,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 
 # Fields that change nothing we compute (bookkeeping for OpenAI's platform): accepted.
 ACCEPTED_UNUSED = frozenset(
-    {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "guided_decoding_backend"}
+    {"user", "metadata", "store", "service_tier", "guided_decoding_backend"}
 )
 
 

@@ -17,6 +17,7 @@ from services.gateway.http_server import ConnectionLimits, run
 from services.gateway.prompts import DEFAULT_MAX_CHAT_MESSAGES
 from services.gateway.replicas import ReplicaRouter
 from services.gateway.request_body import DEFAULT_BODY_READ_TIMEOUT_S
+from services.gateway.tool_parsers import PARSERS
 from services.gateway.zmq_backend import ZmqBackend
 from shared.ipc import add_address_args, addresses_from_args
 from shared.model_source import resolve_model
@@ -64,6 +65,13 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds a request may take from arrival to its last token; then it ends with a "
         "timeout error (HTTP 408, or an error event on a stream) and its KV blocks are freed",
+    )
+    group.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        default=None,
+        help="how tool calls are read from chat replies (default: the format the chat template "
+        "writes where that is unambiguous, else hermes, which the fallback tool prompt teaches)",
     )
     limits = ConnectionLimits()
     group.add_argument(
@@ -178,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         request_timeout_s=args.request_timeout,
         body_read_timeout_s=args.body_read_timeout,
     )
+    app[STATE].tool_call_parser = args.tool_call_parser
 
     async def start_backend(app: web.Application) -> None:
         await backend.start()

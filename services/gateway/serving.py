@@ -16,6 +16,7 @@ from services.gateway.openai_api import Kind, parse_chat_request, parse_completi
 from services.gateway.request_body import read_body
 from services.gateway.request_run import GenerationFailed, RequestRun, SampleUpdate
 from services.gateway.state import GatewayState
+from services.gateway.tool_replies import ToolCallStream, tool_message
 from shared.errors import PagedServeError
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,12 @@ async def handle_generate(
         work = functools.partial(parse_completion_request, body.value, info, state.tokenizer)
     else:
         work = functools.partial(
-            parse_chat_request, body.value, info, state.tokenizer, state.max_chat_messages
+            parse_chat_request,
+            body.value,
+            info,
+            state.tokenizer,
+            state.max_chat_messages,
+            state.tool_call_parser,
         )
     parsed = await state.inputs.run(body.large, work)
     state.check_queue()  # after the last await, so a burst cannot pass the limit together
@@ -161,6 +167,9 @@ def _final_body(run: RequestRun, texts: TokenTexts) -> dict[str, Any]:
         else:
             lp = fmt.chat_logprobs(s.logprobs, texts) if parsed.logprobs else None
             choices.append(fmt.chat_choice(s.index, text, lp, s.finish_reason))
+            if parsed.tools is not None:
+                message, reason = tool_message(parsed.tools, text, s.finish_reason)
+                choices[-1].update(message=message, finish_reason=reason)
         if s.cumulative_logprob is not None:  # beam search: hypotheses come best first
             choices[-1]["cumulative_logprob"] = s.cumulative_logprob
     body = fmt.envelope(
@@ -176,6 +185,8 @@ class _Chunker:
     def __init__(self, run: RequestRun, texts: TokenTexts) -> None:
         self.run = run
         self.texts = texts
+        tools = run.parsed.tools
+        self.tool_streams = [ToolCallStream(tools) for _ in run.samples] if tools else None
 
     def chunks(self, updates: list[SampleUpdate]) -> list[dict[str, Any]]:
         parsed = self.run.parsed
@@ -184,6 +195,9 @@ class _Chunker:
             s = u.sample
             first = not s.started
             has_logprobs = parsed.logprobs and bool(u.logprobs)
+            if self.tool_streams is not None:
+                out.extend(self._tool_chunks(u, first, has_logprobs))
+                continue
             if not (first or u.text or has_logprobs or u.finish_reason):
                 continue  # e.g. text held back for a possible stop string
             s.started = True
@@ -200,6 +214,37 @@ class _Chunker:
                 lp = fmt.chat_logprobs(u.logprobs, self.texts) if parsed.logprobs else None
                 choice = fmt.chat_chunk_choice(s.index, u.text, first, lp, u.finish_reason)
             out.append(self._envelope([choice]))
+        return out
+
+    def _tool_chunks(
+        self, u: SampleUpdate, first: bool, has_logprobs: bool
+    ) -> list[dict[str, Any]]:
+        """A chat sample with tools offered: text that may be a call is held until it ends."""
+        assert self.tool_streams is not None
+        s = u.sample
+        stream = self.tool_streams[s.index]
+        text = stream.feed(u.text)
+        calls: list[dict[str, Any]] = []
+        finish = u.finish_reason
+        if finish is not None:
+            rest, calls = stream.finish()
+            text += rest
+            if calls and finish == "stop":
+                finish = "tool_calls"
+        if not (first or text or has_logprobs or finish):
+            return []
+        s.started = True
+        lp = fmt.chat_logprobs(u.logprobs, self.texts) if self.run.parsed.logprobs else None
+        if not calls:
+            return [self._envelope([fmt.chat_chunk_choice(s.index, text, first, lp, finish)])]
+        out = []
+        if first or text or lp is not None:
+            out.append(self._envelope([fmt.chat_chunk_choice(s.index, text, first, lp, None)]))
+        for delta in calls:
+            choice = {"index": s.index, "delta": {"tool_calls": [delta]}, "logprobs": None}
+            out.append(self._envelope([{**choice, "finish_reason": None}]))
+        end = {"index": s.index, "delta": {}, "logprobs": None, "finish_reason": finish}
+        out.append(self._envelope([end]))
         return out
 
     def usage_chunk(self) -> dict[str, Any]:

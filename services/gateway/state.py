@@ -29,6 +29,7 @@ class GatewayState:
     api_key: str | None = None
     max_queued_requests: int | None = None
     max_chat_messages: int = DEFAULT_MAX_CHAT_MESSAGES  # more in one request is a 400
+    tool_call_parser: str | None = None  # None: the chat template's format, else Hermes
     request_timeout_s: float | None = None  # a request running longer ends with a timeout error
     # Submitted by this gateway but without any delta yet: the scheduler's num_waiting may not
     # count them yet, and a burst must not slip past the queue limit in between.

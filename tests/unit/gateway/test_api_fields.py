@@ -82,8 +82,6 @@ def test_bad_values_are_refused_by_name(tokenizer, fields, param):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"echo": True}, "echo"),
@@ -94,6 +92,19 @@ def test_bad_values_are_refused_by_name(tokenizer, fields, param):
 )
 def test_known_but_unsupported_chat_fields_get_a_400_naming_them(tokenizer, fields, param):
     error = _refused(lambda: _chat(tokenizer, **fields), param)
+    assert error.code == "unsupported" and "not supported" in error.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+    ],
+)
+def test_tool_fields_on_completions_get_a_400_naming_them(tokenizer, fields, param):
+    # Chat implements tools (tests/unit/gateway/test_tool_requests.py); completions does not.
+    error = _refused(lambda: _completion(tokenizer, **fields), param)
     assert error.code == "unsupported" and "not supported" in error.message
 
 
