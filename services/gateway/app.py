@@ -17,6 +17,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import openapi_spec
 from services.gateway.prompts import DEFAULT_MAX_CHAT_MESSAGES
 from services.gateway.request_body import BODY_READ_TIMEOUT, DEFAULT_BODY_READ_TIMEOUT_S
+from services.gateway.responses_api import handle_responses
 from services.gateway.serving import INTERNAL_ERROR, handle_generate
 from services.gateway.state import GatewayState
 from services.gateway.tokenize import handle_detokenize, handle_tokenize
@@ -59,6 +60,7 @@ def create_app(
     app[BODY_READ_TIMEOUT] = body_read_timeout_s
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/responses", _responses)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     for prefix in ("", "/v1"):  # vLLM serves these without the prefix; OpenAI clients add it
@@ -79,6 +81,10 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     return await handle_generate(request, request.app[STATE], "chat")
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    return await handle_responses(request, request.app[STATE])
 
 
 async def _tokenize(request: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.gateway.request_fields import MESSAGES, supported_fields
+from services.gateway.responses_request import RESPONSES_FIELDS
 
 _ERROR = {
     "description": "OpenAI-style error",
@@ -82,6 +83,11 @@ def openapi_spec(model_name: str | None) -> dict[str, Any]:
         ),
         "/v1/chat/completions": _post(
             "Chat completion", supported_fields("chat"), ["model", "messages"]
+        ),
+        "/v1/responses": _post(
+            "Responses API (text, function tools, json_schema), run as a chat completion",
+            RESPONSES_FIELDS,
+            ["model", "input"],
         ),
         "/v1/tokenize": _post("Token ids of a prompt or chat", tokenize, []),
         "/v1/detokenize": _post("Text of token ids", detokenize, ["tokens"]),

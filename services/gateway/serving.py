@@ -21,7 +21,7 @@ from shared.errors import PagedServeError
 
 log = logging.getLogger(__name__)
 
-# How often a handler checks that its client is still connected (see _watch_disconnect).
+# How often a handler checks that its client is still connected (see watch_disconnect).
 DISCONNECT_POLL_S = 1.0
 
 INTERNAL_ERROR = PagedServeError("internal server error").to_dict()
@@ -49,7 +49,7 @@ async def handle_generate(
     run = RequestRun(state, parsed)
     task = asyncio.current_task()
     assert task is not None
-    watcher = asyncio.ensure_future(_watch_disconnect(request, task))
+    watcher = asyncio.ensure_future(watch_disconnect(request, task))
     try:
         if parsed.stream:
             return await _stream(request, run, state.texts)
@@ -71,7 +71,7 @@ def error_response(error: dict[str, Any], status: int) -> web.Response:
     return web.json_response(fmt.error_event(error), status=status, headers=headers)
 
 
-async def _watch_disconnect(request: web.Request, handler: asyncio.Task[Any]) -> None:
+async def watch_disconnect(request: web.Request, handler: asyncio.Task[Any]) -> None:
     """Cancel the handler once its client is gone, as aiohttp's handler_cancellation would.
 
     Without that option nothing interrupts a handler that is awaiting the backend, so a request
@@ -108,7 +108,7 @@ async def _stream(request: web.Request, run: RequestRun, texts: TokenTexts) -> w
                 while (updates := await run.next_updates()) is not None:
                     data = b"".join(fmt.sse(chunk) for chunk in chunker.chunks(updates))
                     if data:
-                        resp = resp or await _open_stream(request)
+                        resp = resp or await open_stream(request)
                         await resp.write(data)
             except GenerationFailed as exc:
                 if resp is None:
@@ -121,7 +121,7 @@ async def _stream(request: web.Request, run: RequestRun, texts: TokenTexts) -> w
                     raise
                 log.exception("request %s failed mid-stream", run.request_id)
                 failure = INTERNAL_ERROR["error"]
-        resp = resp or await _open_stream(request)
+        resp = resp or await open_stream(request)
         if failure is not None:
             await resp.write(fmt.sse(fmt.error_event(failure)))
         elif run.parsed.include_usage:
@@ -135,7 +135,7 @@ async def _stream(request: web.Request, run: RequestRun, texts: TokenTexts) -> w
     return resp
 
 
-async def _open_stream(request: web.Request) -> web.StreamResponse:
+async def open_stream(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",

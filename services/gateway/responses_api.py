@@ -1,0 +1,167 @@
+"""POST /v1/responses: OpenAI's Responses API, run as the chat completion its body translates to."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from services.gateway.openai_api import ParsedRequest, parse_chat_request
+from services.gateway.request_run import GenerationFailed, RequestRun
+from services.gateway.responses_reply import (
+    EventLog,
+    ResponseDraft,
+    message_item,
+    new_id,
+    output_items,
+    usage,
+)
+from services.gateway.responses_request import RESPONSES_PARAM, chat_body
+from services.gateway.serving import (
+    INTERNAL_ERROR,
+    error_response,
+    open_stream,
+    read_json,
+    watch_disconnect,
+)
+from services.gateway.state import GatewayState
+from shared.errors import InvalidRequestError
+from shared.protocol import SchedulerReady
+
+log = logging.getLogger(__name__)
+
+
+def parse_responses_request(
+    body: Any, info: SchedulerReady, tokenizer: Any, max_messages: int
+) -> ParsedRequest:
+    """Validate a /v1/responses body through the chat path (blocking: run off the loop); errors
+    name the Responses field, not the chat one it became."""
+    chat = chat_body(body)
+    try:
+        return parse_chat_request(chat, info, tokenizer, max_messages)
+    except InvalidRequestError as exc:
+        param = exc.param or ""
+        if param.startswith("messages"):
+            param = "input"
+        message = exc.message
+        for chat_name, name in RESPONSES_PARAM.items():
+            message = message.replace(chat_name, name)
+        raise InvalidRequestError(message, RESPONSES_PARAM.get(param, param), exc.code) from None
+
+
+async def handle_responses(request: web.Request, state: GatewayState) -> web.StreamResponse:
+    info = state.require_info()
+    body = await read_json(request, state.inputs, state.max_chat_messages)
+    parsed = await state.inputs.run(
+        body.large,
+        parse_responses_request,
+        body.value,
+        info,
+        state.tokenizer,
+        state.max_chat_messages,
+    )
+    state.check_queue()  # after the last await, so a burst cannot pass the limit together
+    run = RequestRun(state, parsed)
+    draft = ResponseDraft(body.value, parsed.model, run.created)
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(watch_disconnect(request, task))
+    try:
+        if parsed.stream:
+            return await _stream(request, run, draft)
+        return await _respond_json(run, draft)
+    finally:
+        watcher.cancel()
+
+
+def _reply(run: RequestRun) -> tuple[dict[str, Any], str | None]:
+    """The chat reply message of the one sample, and why it ended."""
+    [sample] = run.samples
+    return {"content": "".join(sample.pieces)}, sample.finish_reason
+
+
+def _usage(run: RequestRun) -> dict[str, Any]:
+    return usage(run.num_prompt_tokens, run.completion_tokens)
+
+
+async def _respond_json(run: RequestRun, draft: ResponseDraft) -> web.Response:
+    async with run:
+        try:
+            while await run.next_updates() is not None:
+                pass
+        except GenerationFailed as exc:
+            return error_response(exc.error, exc.status)
+    message, finish_reason = _reply(run)
+    return web.json_response(draft.finish(output_items(message), finish_reason, _usage(run)))
+
+
+async def _stream(
+    request: web.Request, run: RequestRun, draft: ResponseDraft
+) -> web.StreamResponse:
+    # As on the chat endpoint, headers go out with the first delta: a request the scheduler
+    # rejects still gets its status code and JSON error body.
+    events = EventLog()
+    item_id = new_id("msg")
+    resp: web.StreamResponse | None = None
+    failure: dict[str, Any] | None = None
+
+    async def opened() -> web.StreamResponse:
+        stream = await open_stream(request)
+        await stream.write(
+            b"".join(
+                [
+                    events.event("response.created", response=draft.snapshot()),
+                    events.event("response.in_progress", response=draft.snapshot()),
+                    events.event(
+                        "response.output_item.added",
+                        output_index=0,
+                        item=message_item(item_id, None, "in_progress"),
+                    ),
+                    *events.text_opened(item_id, 0),
+                ]
+            )
+        )
+        return stream
+
+    try:
+        async with run:
+            try:
+                while (updates := await run.next_updates()) is not None:
+                    resp = resp or await opened()
+                    data = b"".join(
+                        events.text_delta(item_id, 0, u.text) for u in updates if u.text
+                    )
+                    if data:
+                        await resp.write(data)
+            except GenerationFailed as exc:
+                if resp is None:
+                    return error_response(exc.error, exc.status)
+                failure = exc.error
+            except ConnectionError:
+                raise
+            except Exception:
+                if resp is None:
+                    raise
+                log.exception("response %s failed mid-stream", draft.id)
+                failure = INTERNAL_ERROR["error"]
+        resp = resp or await opened()
+        if failure is not None:
+            await resp.write(events.event("response.failed", response=draft.fail(failure)))
+        else:
+            message, finish_reason = _reply(run)
+            item = message_item(item_id, message["content"], "completed")
+            final = draft.finish([item], finish_reason, _usage(run))
+            end = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+            closing = [
+                *events.text_closed(item, 0, message["content"]),
+                events.event(end, response=final),
+            ]
+            await resp.write(b"".join(closing))
+        await resp.write_eof()
+    except ConnectionError:
+        # The client went away while we wrote; RequestRun's exit has aborted the request.
+        if resp is None:
+            raise
+    return resp
