@@ -27,6 +27,7 @@ from services.gateway.serving import (
     watch_disconnect,
 )
 from services.gateway.state import GatewayState
+from services.gateway.tool_replies import tool_message
 from shared.errors import InvalidRequestError
 from shared.protocol import SchedulerReady
 
@@ -34,13 +35,17 @@ log = logging.getLogger(__name__)
 
 
 def parse_responses_request(
-    body: Any, info: SchedulerReady, tokenizer: Any, max_messages: int
+    body: Any,
+    info: SchedulerReady,
+    tokenizer: Any,
+    max_messages: int,
+    tool_parser: str | None = None,
 ) -> ParsedRequest:
     """Validate a /v1/responses body through the chat path (blocking: run off the loop); errors
     name the Responses field, not the chat one it became."""
     chat = chat_body(body)
     try:
-        return parse_chat_request(chat, info, tokenizer, max_messages)
+        return parse_chat_request(chat, info, tokenizer, max_messages, tool_parser)
     except InvalidRequestError as exc:
         param = exc.param or ""
         if param.startswith("messages"):
@@ -61,6 +66,7 @@ async def handle_responses(request: web.Request, state: GatewayState) -> web.Str
         info,
         state.tokenizer,
         state.max_chat_messages,
+        state.tool_call_parser,
     )
     state.check_queue()  # after the last await, so a burst cannot pass the limit together
     run = RequestRun(state, parsed)
@@ -77,9 +83,12 @@ async def handle_responses(request: web.Request, state: GatewayState) -> web.Str
 
 
 def _reply(run: RequestRun) -> tuple[dict[str, Any], str | None]:
-    """The chat reply message of the one sample, and why it ended."""
+    """The chat reply message of the one sample ({content, tool_calls}), and why it ended."""
     [sample] = run.samples
-    return {"content": "".join(sample.pieces)}, sample.finish_reason
+    text = "".join(sample.pieces)
+    if run.parsed.tools is None:
+        return {"content": text}, sample.finish_reason
+    return tool_message(run.parsed.tools, text, sample.finish_reason)
 
 
 def _usage(run: RequestRun) -> dict[str, Any]:
@@ -101,7 +110,9 @@ async def _stream(
     request: web.Request, run: RequestRun, draft: ResponseDraft
 ) -> web.StreamResponse:
     # As on the chat endpoint, headers go out with the first delta: a request the scheduler
-    # rejects still gets its status code and JSON error body.
+    # rejects still gets its status code and JSON error body. With tools offered, whether the
+    # text is a call is known only at its end: the items are sent whole then.
+    streams_text = run.parsed.tools is None
     events = EventLog()
     item_id = new_id("msg")
     resp: web.StreamResponse | None = None
@@ -114,25 +125,26 @@ async def _stream(
                 [
                     events.event("response.created", response=draft.snapshot()),
                     events.event("response.in_progress", response=draft.snapshot()),
-                    events.event(
-                        "response.output_item.added",
-                        output_index=0,
-                        item=message_item(item_id, None, "in_progress"),
-                    ),
-                    *events.text_opened(item_id, 0),
+                    *(text_item_opened() if streams_text else []),
                 ]
             )
         )
         return stream
+
+    def text_item_opened() -> list[bytes]:
+        item = message_item(item_id, None, "in_progress")
+        return [
+            events.event("response.output_item.added", output_index=0, item=item),
+            *events.text_opened(item_id, 0),
+        ]
 
     try:
         async with run:
             try:
                 while (updates := await run.next_updates()) is not None:
                     resp = resp or await opened()
-                    data = b"".join(
-                        events.text_delta(item_id, 0, u.text) for u in updates if u.text
-                    )
+                    texts = [u.text for u in updates if u.text and streams_text]
+                    data = b"".join(events.text_delta(item_id, 0, text) for text in texts)
                     if data:
                         await resp.write(data)
             except GenerationFailed as exc:
@@ -151,14 +163,17 @@ async def _stream(
             await resp.write(events.event("response.failed", response=draft.fail(failure)))
         else:
             message, finish_reason = _reply(run)
-            item = message_item(item_id, message["content"], "completed")
-            final = draft.finish([item], finish_reason, _usage(run))
+            if streams_text:
+                items = [message_item(item_id, message["content"], "completed")]
+                closing = events.text_closed(items[0], 0, message["content"])
+            else:
+                items = output_items(message)
+                closing = [
+                    data for i, item in enumerate(items) for data in events.whole_item(i, item)
+                ]
+            final = draft.finish(items, finish_reason, _usage(run))
             end = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-            closing = [
-                *events.text_closed(item, 0, message["content"]),
-                events.event(end, response=final),
-            ]
-            await resp.write(b"".join(closing))
+            await resp.write(b"".join([*closing, events.event(end, response=final)]))
         await resp.write_eof()
     except ConnectionError:
         # The client went away while we wrote; RequestRun's exit has aborted the request.

@@ -220,3 +220,82 @@ async def test_openai_client(serve, tokenizer) -> None:
             await api.responses.create(model="tiny", input="hi", previous_response_id="resp_x")
     finally:
         await api.close()
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
+
+
+async def _tool_reply(serve, tokenizer, text: str, **fields) -> tuple[dict, list]:
+    client, backend = await serve()
+    backend.replies = [tokenizer.encode(text)]
+    body = {"model": "tiny", "input": "weather in paris?", "tools": [WEATHER], **fields}
+    whole = await (await client.post("/v1/responses", json=body)).json()
+    resp = await client.post("/v1/responses", json=body | {"stream": True})
+    return whole, _events(await resp.text())
+
+
+async def test_function_calls_become_function_call_items(serve, tokenizer) -> None:
+    whole, events = await _tool_reply(
+        serve, tokenizer, f"Checking.<tool_call>{json.dumps(CALL)}</tool_call>"
+    )
+    assert whole["status"] == "completed"
+    message, call = whole["output"]
+    assert message["type"] == "message" and message["content"][0]["text"] == "Checking."
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert call["call_id"].startswith("call_") and call["id"].startswith("fc_")
+    assert json.loads(call["arguments"]) == CALL["arguments"]
+
+    names = [name for name, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"]
+    assert names[-1] == "response.completed"
+    assert "response.function_call_arguments.delta" in names
+    arguments = "".join(
+        d["delta"] for n, d in events if n == "response.function_call_arguments.delta"
+    )
+    [done] = [d for n, d in events if n == "response.function_call_arguments.done"]
+    assert json.loads(arguments) == CALL["arguments"] == json.loads(done["arguments"])
+    final = events[-1][1]["response"]["output"]
+    assert [item["type"] for item in final] == ["message", "function_call"]
+    assert final[1]["name"] == "get_weather" and final[1]["status"] == "completed"
+
+
+async def test_a_named_tool_choice_forces_the_call(serve, tokenizer) -> None:
+    choice = {"type": "function", "name": "get_weather"}
+    whole, _ = await _tool_reply(
+        serve, tokenizer, json.dumps(CALL["arguments"]), tool_choice=choice
+    )
+    [call] = whole["output"]
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == CALL["arguments"]
+
+
+async def test_openai_client_tool_round_trip(serve, tokenizer) -> None:
+    client, backend = await serve(api_key="sk-test")
+    backend.replies = [tokenizer.encode(f"<tool_call>{json.dumps(CALL)}</tool_call>")]
+    api = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="sk-test", max_retries=0)
+    try:
+        first = await api.responses.create(model="tiny", input="weather?", tools=[WEATHER])
+        [call] = first.output
+        assert call.type == "function_call" and call.name == "get_weather"
+        backend.replies = [tokenizer.encode(" sunny")]
+        history = [
+            {"role": "user", "content": "weather?"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"},
+        ]
+        second = await api.responses.create(model="tiny", input=history, tools=[WEATHER])
+        assert second.output_text == " sunny"
+        prompt = tokenizer.decode(backend.requests[-1].prompt_token_ids)
+        assert "sunny, 21 C" in prompt and "get_weather" in prompt
+    finally:
+        await api.close()
