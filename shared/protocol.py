@@ -36,6 +36,15 @@ PENDING_TOKEN = -1
 
 
 @dataclass
+class PromptTargets:
+    """The prompt tokens whose logprobs a chunk's rows give: row first_row + j scores
+    token_ids[j] (row i of the chunk predicts the token at start_pos + i + 1)."""
+
+    first_row: int
+    token_ids: list[int]
+
+
+@dataclass
 class ScheduledSeq:
     """One sequence's share of a step."""
 
@@ -54,6 +63,8 @@ class ScheduledSeq:
     # repeat exactly: the sample's index among the request's samples and the prompt's length.
     sample_index: int = 0
     prompt_len: int | None = None
+    # Prompt logprobs: the prompt tokens this chunk's rows score; None (most plans) costs a byte.
+    prompt_targets: PromptTargets | None = None
 
 
 @dataclass
@@ -81,11 +92,22 @@ class SampledToken:
 
 
 @dataclass
+class PromptLogprobs:
+    """Logprobs of a run of prompt tokens under the model, read from a prefill's logits."""
+
+    seq_id: int
+    start_pos: int  # position of the first token scored (>= 1: position 0 has no logprob)
+    tokens: list[SampledToken]  # one per scored prompt token, in order, with its top logprobs
+    ranks: list[int]  # each token's rank among its row's logprobs (1: the most likely)
+
+
+@dataclass
 class StepResult:
     step_id: int
     tokens: list[SampledToken]  # one per sampled sequence, plan order, children after parent
     timings: dict[str, float] = field(default_factory=dict)  # seconds per executor phase
     error: str | None = None  # set when the step failed; the scheduler ends its requests
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # plan order
 
 
 # ---- scheduler <-> gateway --------------------------------------------------------------------
@@ -140,6 +162,8 @@ class RequestDelta:
     # OpenAI-style {"message", "type", "param", "code"} when the scheduler rejected or failed it
     error: dict | None = None
     num_prompt_tokens: int = 0
+    # Asked-for prompt logprobs, whole (positions 1 ..), in the first delta once they are known.
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass

@@ -20,6 +20,7 @@ from shared.sampling_fields import (
 
 # Upper bound on requested top logprobs; OpenAI allows 20 for chat and 5 for completions.
 MAX_LOGPROBS = 20
+MAX_PROMPT_LOGPROBS = 20  # vLLM's default bound on prompt_logprobs
 INT32_MAX = 2**31 - 1  # bounds integer fields so every value fits the wire and torch tensors
 _MAX_TOKEN_ID_CHARS = len(str(INT32_MAX))
 # Below this temperature sampling is greedy: dividing by it would overflow fp32 logits.
@@ -58,6 +59,11 @@ class SamplingParams:
     # None: none; k >= 0: sampled token's logprob plus top k. Its request field differs per
     # endpoint (an integer on completions; logprobs + top_logprobs on chat).
     logprobs: int | None = request_field(None, None)
+    # None: none; k >= 0: every prompt token's logprob (the first has none) plus its top k. It
+    # needs every prompt token computed (no prefix-cache reuse), as the history fields do.
+    prompt_logprobs: int | None = request_field(
+        None, {**INT, "minimum": 0, "maximum": MAX_PROMPT_LOGPROBS}, needs_history=True
+    )
     # Drop tokens below min_p x the top token's probability.
     min_p: float = request_field(0.0, {**NUM, "minimum": 0, "maximum": 1})
     # Eos and stop_token_ids are masked until this many tokens exist.
@@ -137,6 +143,8 @@ class SamplingParams:
             raise InvalidRequestError("ignore_eos must be a boolean", param="ignore_eos")
         if self.logprobs is not None:
             _require_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _require_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_PROMPT_LOGPROBS)
         _require_number("min_p", self.min_p, 0.0, 1.0)
         _require_int("min_tokens", self.min_tokens, 0, INT32_MAX)
         if self.min_tokens > self.max_tokens:

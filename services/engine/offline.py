@@ -162,6 +162,13 @@ def _result_row(engine: LLMEngine, index: int, out: RequestOutput) -> dict[str, 
             ]
         completions.append(entry)
     row: dict[str, Any] = {"index": index, "prompt_tokens": len(out.prompt_token_ids)}
+    if out.prompt_logprobs is not None:  # position 0 has none
+        scored = out.prompt_logprobs
+        row["prompt_logprobs"] = [None] + [
+            {"token_id": t.token_id, "logprob": t.logprob, "rank": rank}
+            | {"top_logprobs": t.top_logprobs}
+            for t, rank in zip(scored.tokens, scored.ranks)
+        ]
     if len(completions) == 1:
         row.update(completions[0])
     else:

@@ -24,6 +24,7 @@ from services.executor.kv_cache import KVCache
 from services.executor.llama import LlamaSpec
 from services.executor.model_setup import DTYPES, eos_token_ids, max_model_len, pick_device
 from services.executor.phase_timer import PhaseTimer
+from services.executor.prompt_logprobs import prompt_rows, score_prompt
 from services.executor.quantize_model import quantize_model, resolve_quantization
 from services.executor.rank_group import RankGroup
 from services.executor.sampler import sample
@@ -215,6 +216,8 @@ class Executor:
             timings = flight.timer.seconds()
             timings["records"] = time.perf_counter() - start
             flight.result = StepResult(flight.step_id, tokens, timings)
+            if flight.prompt is not None:
+                flight.result.prompt_logprobs = flight.prompt.records()
             for token in tokens:
                 # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
                 if token.seq_id in self.sampling:
@@ -222,6 +225,12 @@ class Executor:
         except Exception as exc:  # noqa: BLE001 - as in launch()
             flight.result = self._failure(flight.step_id, exc)
         return flight.result
+
+    def _prompt_top_k(self, seq_id: int) -> int:
+        """Top logprobs per prompt token the sequence asked for (rank 0 alone knows)."""
+        if not self.shard.is_driver:
+            return 0
+        return self.sampling.seqs[seq_id].params.prompt_logprobs or 0
 
     def _failure(self, step_id: int, exc: Exception) -> StepResult:
         traceback.print_exception(exc)
@@ -354,10 +363,14 @@ class Executor:
             logits = None
             if sampling_seqs:  # every rank: the LM head is split by vocabulary
                 logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [rows, vocab]
+            rows, targets, spans = prompt_rows(plan.seqs, self._prompt_top_k)
+            prompt = None
+            if rows:  # every rank, as above; only rank 0 keeps the result
+                prompt = score_prompt(hidden, self.model.compute_logits, rows, targets, spans)
             timer.mark("forward")
             output = sample(logits, batch) if batch is not None else None
         timer.mark("sample")
-        flight = StepInFlight(plan.step_id, draws, timer)
+        flight = StepInFlight(plan.step_id, draws, timer, prompt=prompt if driver else None)
         if output is not None:
             # The step's one host synchronisation, waited for in collect(): sampled ids (and
             # asked-for logprobs) only.

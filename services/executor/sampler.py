@@ -89,11 +89,25 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         token_ids = _draw(processed, batch, vocab)
     out = SamplerOutput(token_ids)
     if batch.num_logprobs >= 0:
-        logprobs = torch.log_softmax(raw, dim=-1)  # [B, vocab]
-        out.logprobs = logprobs.gather(1, token_ids[:, None]).squeeze(1)
+        out.logprobs, top_logprobs, top_ids, _ = token_logprobs(raw, token_ids, batch.num_logprobs)
         if batch.num_logprobs > 0:
-            out.top_logprobs, out.top_ids = logprobs.topk(batch.num_logprobs, dim=-1)
+            out.top_logprobs, out.top_ids = top_logprobs, top_ids
     return out
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # [R, vocab] fp32, the model's own
+    token_ids: torch.Tensor,  # [R] int64
+    k: int,
+    ranks: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(logprob of each row's token [R], top-k logprobs [R, k] and ids [R, k], the token's
+    rank [R] (1: the most likely) if asked): sampled tokens and prompt tokens alike."""
+    logprobs = torch.log_softmax(logits, dim=-1)  # [R, vocab]
+    chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)
+    top_logprobs, top_ids = logprobs.topk(k, dim=-1)
+    rank = (logprobs > chosen[:, None]).sum(dim=-1) + 1 if ranks else None
+    return chosen, top_logprobs, top_ids, rank
 
 
 def _processed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -8,6 +8,7 @@ import functools
 import torch
 
 from services.executor.phase_timer import PhaseTimer
+from services.executor.prompt_logprobs import PromptScores
 from services.executor.sampling_state import Draw, HostCopy
 from shared.protocol import StepResult
 from shared.sampling import SamplingParams
@@ -23,6 +24,7 @@ class StepInFlight:
     copy: HostCopy | None = None  # the sampled ids (and logprobs) being copied to the host
     params: list[SamplingParams] | None = None  # each draw's, when some row wants logprobs
     device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
+    prompt: PromptScores | None = None  # asked-for prompt logprobs, still on the device
     result: StepResult | None = None  # once collected (at launch for a failure)
 
     @functools.cached_property

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from services.gateway.prompt_logprobs import check_streaming, completion_prompt_sampling
 from services.gateway.prompts import (
     DEFAULT_MAX_CHAT_MESSAGES,
     chat_prompt_ids,
@@ -40,6 +41,10 @@ class ParsedRequest:
     include_usage: bool = False
     echo_text: str | None = None  # completions with echo=true: the prompt as text
     logprobs: bool = False  # render logprobs in the response
+    # Completions with echo and max_tokens 0: the prompt (and its logprobs) alone; one token is
+    # still drawn, as the prefill's by-product, and not reported.
+    prompt_only: bool = False
+    show_prompt_logprobs: bool = False  # the body asked for vLLM's prompt_logprobs field
     tools: ToolRequest | None = None  # chat with tools offered: replies may carry tool calls
 
 
@@ -67,8 +72,13 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
             prompt if isinstance(prompt, str) else decode_ids(tokenizer, prompt_ids, "prompt")
         )
     max_tokens = _opt_int(body, "max_tokens")
+    prompt_only = echo and max_tokens == 0
+    if prompt_only:
+        max_tokens = 1
     stream, include_usage = _stream_flags(body)
     sampling = _sampling(body, info, max_tokens if max_tokens is not None else 16, logprobs, stream)
+    sampling = completion_prompt_sampling(sampling, echo, logprobs)
+    check_streaming(stream, body, prompt_only)
     return ParsedRequest(
         kind="completion",
         model=model,
@@ -79,6 +89,8 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
         include_usage=include_usage,
         echo_text=echo_text,
         logprobs=logprobs is not None,
+        prompt_only=prompt_only,
+        show_prompt_logprobs=body.get("prompt_logprobs") is not None,
     )
 
 
@@ -125,6 +137,7 @@ def parse_chat_request(
     logprobs = (top or 0) if want_logprobs else None
     stream, include_usage = _stream_flags(body)
     sampling = _sampling(body, info, max_tokens, logprobs, stream)
+    check_streaming(stream, body, prompt_only=False)
     if tools is not None:
         sampling = _force_tool_call(sampling, tools, info)
     return ParsedRequest(
@@ -136,6 +149,7 @@ def parse_chat_request(
         stream=stream,
         include_usage=include_usage,
         logprobs=want_logprobs,
+        show_prompt_logprobs=body.get("prompt_logprobs") is not None,
         tools=tools,
     )
 

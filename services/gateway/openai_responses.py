@@ -35,7 +35,7 @@ def error_event(error: dict[str, Any]) -> dict[str, Any]:
     return {"error": error}
 
 
-def _logprob(value: float | None) -> float:
+def logprob_value(value: float | None) -> float:
     if value is None or math.isnan(value):
         return _MIN_LOGPROB
     return max(float(value), _MIN_LOGPROB)
@@ -49,8 +49,8 @@ def completion_logprobs(
     for entry in entries:
         text = texts.text(entry.token_id)
         tokens.append(text)
-        token_logprobs.append(_logprob(entry.logprob))
-        top_logprobs.append({texts.text(t): _logprob(lp) for t, lp in entry.top_logprobs})
+        token_logprobs.append(logprob_value(entry.logprob))
+        top_logprobs.append({texts.text(t): logprob_value(lp) for t, lp in entry.top_logprobs})
         text_offset.append(offset)
         offset += len(text)
     return {
@@ -65,7 +65,7 @@ def chat_logprobs(entries: list[SampledToken], texts: TokenTexts) -> dict[str, A
     def item(token_id: int, logprob: float | None) -> dict[str, Any]:
         return {
             "token": texts.text(token_id),
-            "logprob": _logprob(logprob),
+            "logprob": logprob_value(logprob),
             "bytes": texts.bytes(token_id),
         }
 

@@ -99,7 +99,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "guided_whitespace_pattern": (None,),
-    "prompt_logprobs": (None,),
     "echo@chat": (None, False),  # echo is a completions field; vLLM's chat echo is not ours
     "allowed_token_ids": (None, []),
     "bad_words": (None, []),

@@ -19,7 +19,7 @@ from services.gateway.http_errors import (
 from services.gateway.openai_api import ParsedRequest
 from services.gateway.state import GatewayState
 from shared.errors import InvalidRequestError, ModelNotFoundError, PagedServeError
-from shared.protocol import GenerateRequest, RequestDelta, SampledToken
+from shared.protocol import GenerateRequest, PromptLogprobs, RequestDelta, SampledToken
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ class RequestRun:
             for i in range(parsed.sampling.n)
         ]
         self.finished = False  # the backend sent the last delta: nothing to abort
+        self.prompt_logprobs: PromptLogprobs | None = None  # asked-for, once they arrive
         self._done = False  # nothing more to read: finished, or every sample has ended here
         self._iter: Any = None
         self._started = False  # a first delta arrived
@@ -170,6 +171,8 @@ class RequestRun:
 
     def _apply(self, delta: RequestDelta) -> list[SampleUpdate]:
         self._on_delta(delta)
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.finished = self.finished or delta.finished
         if delta.error is not None:
             self._done = self._failed = True

@@ -13,6 +13,7 @@ from services.gateway import openai_responses as fmt
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.input_work import InputWork, JsonBody
 from services.gateway.openai_api import Kind, parse_chat_request, parse_completion_request
+from services.gateway.prompt_logprobs import add_prompt_logprobs, with_echo_logprobs
 from services.gateway.request_body import read_body
 from services.gateway.request_run import GenerationFailed, RequestRun, SampleUpdate
 from services.gateway.state import GatewayState
@@ -176,7 +177,7 @@ def _final_body(run: RequestRun, texts: TokenTexts) -> dict[str, Any]:
         _object_name(run, chunk=False), run.request_id, run.created, parsed.model, choices
     )
     body["usage"] = fmt.usage(run.num_prompt_tokens, run.completion_tokens)
-    return body
+    return add_prompt_logprobs(body, parsed, run.prompt_logprobs, texts)
 
 
 class _Chunker:
@@ -209,6 +210,9 @@ class _Chunker:
                 if parsed.logprobs:
                     lp = fmt.completion_logprobs(u.logprobs, self.texts, s.text_offset)
                     s.text_offset += sum(len(t) for t in lp["tokens"])
+                    if first and parsed.echo_text is not None:
+                        ids, scored = parsed.prompt_token_ids, self.run.prompt_logprobs
+                        lp = with_echo_logprobs(lp, ids, scored, self.texts)
                 choice = fmt.completion_choice(s.index, prefix + u.text, lp, u.finish_reason)
             else:
                 lp = fmt.chat_logprobs(u.logprobs, self.texts) if parsed.logprobs else None

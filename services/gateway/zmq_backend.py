@@ -251,4 +251,7 @@ def _merged(run: list[RequestDelta]) -> RequestDelta:
     seqs = [SeqDelta(i, tokens[i], logprobs[i], reasons[i], cumulative[i]) for i in sorted(tokens)]
     first, last = run[0], run[-1]
     prompt = next((d.num_prompt_tokens for d in run if d.num_prompt_tokens), 0)
-    return RequestDelta(first.request_id, seqs, last.finished, num_prompt_tokens=prompt)
+    scored = next((d.prompt_logprobs for d in run if d.prompt_logprobs is not None), None)
+    return RequestDelta(
+        first.request_id, seqs, last.finished, num_prompt_tokens=prompt, prompt_logprobs=scored
+    )

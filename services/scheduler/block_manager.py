@@ -21,7 +21,7 @@ def cdiv(a: int, b: int) -> int:
 def needs_history(group: SequenceGroup) -> bool:
     """Whether the executor must be fed every token of the group's sequences: it learns penalty
     counts and grammar state from the tokens plans feed it, and a block reused instead of
-    computed is never fed. (Prompt logprobs, the other thing that would, do not exist.)"""
+    computed is never fed; prompt logprobs likewise need every prompt token computed."""
     return group.sampling.needs_history
 
 

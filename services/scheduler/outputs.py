@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from services.scheduler.scheduler import GroupUpdate
 from services.scheduler.sequence import SequenceGroup
-from shared.protocol import RequestDelta, SampledToken, SeqDelta
+from shared.protocol import PromptLogprobs, RequestDelta, SampledToken, SeqDelta
 
 
 def reported_samples(group: SequenceGroup) -> list[SeqDelta]:
@@ -57,7 +57,18 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
         update.finished,
         update.error,
         num_prompt_tokens=len(group.prompt_token_ids),
+        prompt_logprobs=_unsent_prompt_logprobs(group),
     )
+
+
+def _unsent_prompt_logprobs(group: SequenceGroup) -> PromptLogprobs | None:
+    """The asked-for prompt logprobs, once all have arrived, in the first delta after that."""
+    if group.sampling.prompt_logprobs is None or group.prompt_logprobs_sent:
+        return None
+    if not group.prompt_logprobs_done:
+        return None
+    group.prompt_logprobs_sent = True
+    return group.prompt_logprobs or PromptLogprobs(group.seqs[0].seq_id, 1, [], [])
 
 
 @dataclass
@@ -75,6 +86,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    # Asked-for prompt logprobs: positions 1 .. of the prompt (position 0 has none); None
+    # until all have arrived.
+    prompt_logprobs: PromptLogprobs | None = None
 
     @classmethod
     def from_group(cls, group: SequenceGroup) -> RequestOutput:
@@ -89,4 +103,7 @@ class RequestOutput:
             )
             for s in reported_samples(group)
         ]
-        return cls(group.request_id, group.prompt_token_ids, outputs, group.is_finished)
+        prompt = None
+        if group.sampling.prompt_logprobs is not None and group.prompt_logprobs_done:
+            prompt = group.prompt_logprobs or PromptLogprobs(group.seqs[0].seq_id, 1, [], [])
+        return cls(group.request_id, group.prompt_token_ids, outputs, group.is_finished, prompt)

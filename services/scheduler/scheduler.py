@@ -448,6 +448,7 @@ class Scheduler:
             return list(updates.values())
 
         sampled = {t.seq_id: t for t in result.tokens}
+        prompt_parts = {p.seq_id: p for p in result.prompt_logprobs}
         beam_groups: list[SequenceGroup] = []
         for entry in entries:
             seq, group = entry.seq, entry.group
@@ -455,6 +456,8 @@ class Scheduler:
                 self.plans.freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
+            if seq.seq_id in prompt_parts:
+                group.add_prompt_logprobs(prompt_parts[seq.seq_id])
             self.prefix_reuse.note_computed(self.block_manager, group, seq, entry.num_new_tokens)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a non-final prompt chunk: nothing sampled

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.protocol import SampledToken
+from shared.protocol import PromptLogprobs, SampledToken
 from shared.sampling import SamplingParams
 
 if TYPE_CHECKING:  # beam_search.py works on sequences: importing it here would be a cycle
@@ -70,6 +70,29 @@ class SequenceGroup:
     # finish their prefills in different steps).
     beam: BeamSearch | None = None
     beam_draws: dict[int, SampledToken] = field(default_factory=dict)
+    # Asked-for prompt logprobs as they arrive, positions 1 .. in order (sequence 0's); a
+    # recomputed prompt's repeats are dropped. Sent once, whole.
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs_sent: bool = False
+
+    def next_prompt_logprob_pos(self) -> int:
+        """The first prompt position whose logprob has not arrived."""
+        scored = self.prompt_logprobs
+        return 1 if scored is None else 1 + len(scored.tokens)
+
+    def add_prompt_logprobs(self, part: PromptLogprobs) -> None:
+        """Keep the part's positions not seen yet; results arrive in plan order."""
+        skip = self.next_prompt_logprob_pos() - part.start_pos
+        if skip < 0:
+            raise ValueError(f"{self.request_id}: prompt logprobs arrived with a gap")
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = PromptLogprobs(part.seq_id, 1, [], [])
+        self.prompt_logprobs.tokens.extend(part.tokens[skip:])
+        self.prompt_logprobs.ranks.extend(part.ranks[skip:])
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        return self.next_prompt_logprob_pos() >= self.seqs[0].prompt_len
 
     @property
     def prompt_token_ids(self) -> list[int]:

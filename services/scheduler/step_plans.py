@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.sequence import Sequence, SequenceGroup
-from shared.protocol import PENDING_TOKEN, ScheduledSeq, StepPlan
+from shared.protocol import PENDING_TOKEN, PromptTargets, ScheduledSeq, StepPlan
 
 
 @dataclass
@@ -50,6 +50,7 @@ class StepPlans:
             block_ids, replace = block_manager.take_table_update(seq.seq_id)
             start = seq.num_computed_tokens
             end = start + entry.num_new_tokens
+            targets = prompt_logprob_targets(entry.group, seq, start, end)
             seqs.append(
                 ScheduledSeq(
                     seq_id=seq.seq_id,
@@ -62,6 +63,7 @@ class StepPlans:
                     sampling=None if seq.announced else entry.group.sampling,
                     sample_index=seq.index,
                     prompt_len=None if seq.announced else seq.prompt_len,
+                    prompt_targets=targets,
                 )
             )
             seq.announced = True
@@ -119,3 +121,18 @@ class StepPlans:
         self._victims[plan.step_id] = victims
         self._next_step_id += 1
         return plan
+
+
+def prompt_logprob_targets(
+    group: SequenceGroup, seq: Sequence, start: int, end: int
+) -> PromptTargets | None:
+    """What a chunk computing positions start .. end - 1 of seq scores: row i predicts
+    position start + i + 1, so positions start + 1 .. end, never those already scored (a
+    recomputed prompt) nor past the prompt."""
+    if group.sampling.prompt_logprobs is None or group.prompt_logprobs_done:
+        return None
+    first = max(start + 1, group.next_prompt_logprob_pos())
+    last = min(end + 1, seq.prompt_len)  # exclusive
+    if first >= last:
+        return None
+    return PromptTargets(first - 1 - start, seq.token_ids[first:last])

@@ -14,6 +14,7 @@ from services.gateway.backend import BackendGone
 from shared.protocol import (
     ExecutorReady,
     GenerateRequest,
+    PromptLogprobs,
     RequestDelta,
     SampledToken,
     SchedulerReady,
@@ -108,10 +109,18 @@ class FakeBackend:
                     logprobs = [SampledToken(i, token, -0.5, top)]
                 seqs.append(SeqDelta(i, [token], logprobs, reason))
             prompt_len = len(request.prompt_token_ids)
-            yield RequestDelta(rid, seqs, step == steps - 1, num_prompt_tokens=prompt_len)
+            delta = RequestDelta(rid, seqs, step == steps - 1, num_prompt_tokens=prompt_len)
+            if step == 0 and sp.prompt_logprobs is not None:  # every prompt token at -1.0
+                delta.prompt_logprobs = _prompt_logprobs(request.prompt_token_ids)
+            yield delta
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+
+def _prompt_logprobs(prompt_ids: list[int]) -> PromptLogprobs:
+    tokens = [SampledToken(0, t, -1.0, [(t, -1.0)]) for t in prompt_ids[1:]]
+    return PromptLogprobs(0, 1, tokens, [1] * len(tokens))
 
 
 def parse_sse(text: str) -> list[Any]:

@@ -72,6 +72,8 @@ def test_penalties_bias_min_fields_and_best_of_reach_the_sampling_params(tokeniz
         ({"guided_json": SCHEMA, "ignore_eos": True}, "ignore_eos"),
         ({"guided_regex": "a+", "min_tokens": 2}, "min_tokens"),
         ({"stop_token_ids": [384]}, "stop_token_ids"),  # outside the vocabulary
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"echo": True, "logprobs": 1, "max_tokens": 0, "stream": True}, "stream"),
         ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),  # a digit to isdigit(), not to int()
     ],
 )
@@ -83,7 +85,6 @@ def test_bad_values_are_refused_by_name(tokenizer, fields, param):
     ("fields", "param"),
     [
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"echo": True}, "echo"),
         ({"audio": {"voice": "x"}}, "audio"),
         ({"add_generation_prompt": False}, "add_generation_prompt"),

@@ -160,8 +160,14 @@ async def test_logprobs_shapes(serve, tokenizer) -> None:
 
     events = await post_sse(client, "/v1/completions", completion(logprobs=1, echo=True))
     streamed = [t for e in events for t in e["choices"][0]["logprobs"]["tokens"]]
-    assert streamed == lp["tokens"]
-    assert events[0]["choices"][0]["logprobs"]["text_offset"][0] == len("the capital of")
+    # Echo with logprobs: the prompt's tokens come first (the first with a null logprob).
+    num_prompt = len(backend.requests[-1].prompt_token_ids)
+    assert streamed[num_prompt:] == lp["tokens"]
+    assert "".join(streamed[:num_prompt]) == "the capital of"
+    echoed = events[0]["choices"][0]["logprobs"]
+    assert echoed["token_logprobs"][:num_prompt] == [None] + [-1.0] * (num_prompt - 1)
+    assert echoed["text_offset"][0] == 0
+    assert echoed["text_offset"][num_prompt] == len("the capital of")
 
     resp = await client.post("/v1/chat/completions", json=chat(logprobs=True, top_logprobs=2))
     content = (await resp.json())["choices"][0]["logprobs"]["content"]

@@ -41,6 +41,7 @@ SAMPLES: dict[str, tuple[Any, Any]] = {
     "length_penalty": (0.5, 0.5),
     "early_stopping": ("never", "never"),
     "priority": (-3, -3),
+    "prompt_logprobs": (3, 3),
 }
 
 
@@ -81,6 +82,7 @@ def test_the_fields_that_say_so_need_the_token_history():
         {"frequency_penalty": -0.5},
         {"repetition_penalty": 1.2},
         {"guided": ("regex", "a+")},
+        {"prompt_logprobs": 0},  # every prompt token computed, none taken from the cache
     ):
         assert SamplingParams(**changed).needs_history, changed
     for changed in ({"logit_bias": ((3, 1.0),)}, {"min_tokens": 2}, {"temperature": 0.5}):
