@@ -7,13 +7,12 @@ import atexit
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import torch
 
-from services.executor.tensor_parallel import Shard, broadcast_bytes, init_group
+from services.executor.tensor_parallel import Shard, broadcast_bytes, init_group, open_store
 from shared import wire
 from shared.config import EngineConfig
 from shared.protocol import StepPlan
@@ -32,9 +31,17 @@ class RankGroup:
 
     def _join(self, config: EngineConfig, rank: int, device: torch.device) -> Shard:
         parallel = config.parallel
-        if rank == 0 and parallel.master_port is None:
-            parallel = dataclasses.replace(parallel, master_port=_free_port())
-            config = dataclasses.replace(config, parallel=parallel)
+        store = None
+        if rank == 0:
+            # Rank 0 binds the rendezvous itself, on port 0 unless one is set (the kernel picks
+            # it), before any other rank starts: no process can take the port in between.
+            store = open_store(
+                parallel.master_addr, parallel.master_port or 0, parallel.tensor_parallel_size,
+                is_master=True,
+            )  # fmt: skip
+            if parallel.master_port is None:
+                parallel = dataclasses.replace(parallel, master_port=store.port)
+                config = dataclasses.replace(config, parallel=parallel)
         if rank == 0 and not parallel.external_workers:
             for other in range(1, parallel.tensor_parallel_size):
                 self.workers.append(_spawn_rank(config, other))
@@ -43,7 +50,7 @@ class RankGroup:
             torch.cuda.set_device(device)
         return init_group(
             rank, parallel.tensor_parallel_size, parallel.master_addr, parallel.master_port,
-            device.type,
+            device.type, store=store,
         )  # fmt: skip
 
     def alive(self) -> bool:
@@ -77,12 +84,6 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 worker.kill()
         torch.distributed.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spawn_rank(config: EngineConfig, rank: int) -> subprocess.Popen:

@@ -11,6 +11,7 @@ copy of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -74,19 +75,28 @@ def check_divisible(spec: Any, size: int) -> None:
         )
 
 
-def init_group(rank: int, size: int, master_addr: str, master_port: int, device: str) -> Shard:
-    """Join the ranks (NCCL on CUDA, gloo on the CPU) and return this rank's Shard."""
-    from datetime import timedelta
+# A rank that dies mid-step surfaces as an error, not a hang, within this time.
+GROUP_TIMEOUT = timedelta(seconds=120)
 
+
+def open_store(master_addr: str, port: int, size: int, *, is_master: bool) -> dist.TCPStore:
+    """The ranks' rendezvous; the master binds it (port 0: one the kernel picks, see `.port`)."""
+    return dist.TCPStore(master_addr, port, size, is_master, GROUP_TIMEOUT, wait_for_workers=False)
+
+
+def init_group(
+    rank: int,
+    size: int,
+    master_addr: str,
+    master_port: int,
+    device: str,
+    store: dist.TCPStore | None = None,  # rank 0's, bound already; the others connect to it
+) -> Shard:
+    """Join the ranks (NCCL on CUDA, gloo on the CPU) and return this rank's Shard."""
     backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=size,
-        # A rank that dies mid-step surfaces as an error, not a hang, within this time.
-        timeout=timedelta(seconds=120),
-    )
+    if store is None:
+        store = open_store(master_addr, master_port, size, is_master=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=GROUP_TIMEOUT)
     return Shard(rank, size)
 
 
