@@ -153,7 +153,10 @@ def fallback_tool_messages(
         else:
             out.append({"role": m["role"], "content": m["content"]})
     if tools:
-        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        # Compact: the prompt's budget is the context's, and only the functions matter here.
+        listed = "\n".join(
+            json.dumps(t["function"], ensure_ascii=False, separators=(",", ":")) for t in tools
+        )
         prompt = _FALLBACK_TOOL_PROMPT.format(tools=listed)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}

@@ -49,7 +49,7 @@ class ToolRequest:
         if self.choice == "named":
             assert self.named is not None
             try:
-                args = json.loads(text)
+                args = json.loads(text, strict=False)
             except ValueError:
                 return ParsedOutput(text, [])
             if not isinstance(args, dict):
@@ -157,7 +157,7 @@ def _choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
 
 def _forced_list(text: str) -> ParsedOutput:
     try:
-        items = json.loads(text)
+        items = json.loads(text, strict=False)
     except ValueError:
         return ParsedOutput(text, [])
     calls = []

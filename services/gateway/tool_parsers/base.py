@@ -37,7 +37,7 @@ def make_call(obj: Any, args_key: str = "arguments") -> ToolCall | None:
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json.loads(args)
+            args = json.loads(args, strict=False)
         except ValueError:
             return None
     if not isinstance(args, dict):

@@ -26,7 +26,7 @@ class HermesParser:
         calls = []
         for match in _BLOCK.finditer(text, at):
             try:
-                call = make_call(json.loads(match.group(1)))
+                call = make_call(json.loads(match.group(1), strict=False))
             except ValueError:
                 call = None
             if call is None:

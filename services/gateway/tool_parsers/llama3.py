@@ -8,7 +8,7 @@ import json
 from services.gateway.tool_parsers.base import ParsedOutput, ToolCall, make_call, plain
 
 PYTHON_TAG = "<|python_tag|>"
-_DECODER = json.JSONDecoder()
+_DECODER = json.JSONDecoder(strict=False)
 
 
 class Llama3JsonParser:

@@ -38,14 +38,16 @@ def _calls(text: str) -> list[ToolCall] | None:
     for part in parts:
         if part.startswith("["):  # a JSON list of calls
             try:
-                items = json.loads(part)
+                items = json.loads(part, strict=False)
             except ValueError:
                 return None
             found = [make_call(item) for item in items] if isinstance(items, list) else [None]
         elif ARGS in part:
             name, _, args = part.partition(ARGS)
             try:
-                found = [make_call({"name": name.strip(), "arguments": json.loads(args)})]
+                found = [
+                    make_call({"name": name.strip(), "arguments": json.loads(args, strict=False)})
+                ]
             except ValueError:
                 return None
         else:

@@ -89,3 +89,9 @@ def test_detection_from_the_template_and_the_flag_override():
     assert detect_parser(None) is None
     assert type(parser_for(None, None)).__name__ == "HermesParser"
     assert type(parser_for("mistral", "<tool_call>")).__name__ == "MistralParser"
+
+
+def test_raw_control_characters_in_strings_come_back_escaped():
+    # xgrammar's JSON strings admit raw control characters, which strict JSON refuses.
+    out = PARSERS["hermes"]().parse('<tool_call>{"name": "f", "arguments": {"a": "x\x04"}}')
+    assert json.loads(out.calls[0].arguments) == {"a": "x\x04"}
