@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import cast
 
 from aiohttp import web
@@ -97,7 +98,7 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
             guard.on_refused()
             return
-        self._inner = guard.server()
+        self._inner = _make_handler(guard.server)
         guard.connections[self._inner] = self
         self._start_head_timer()
         self._inner.connection_made(transport)
@@ -141,3 +142,36 @@ class _Connection(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+
+class _OpenAIErrorHandler(RequestHandler):
+    """aiohttp's handler, except that what aiohttp answers itself (a head it cannot parse: a
+    control byte in a header, a bad method, a line too long) carries OpenAI's error body, like
+    every answer of the app, instead of text/plain."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; refuses once a reply began
+        if status >= 500:
+            error = {"message": "internal server error", "type": "internal_error"}
+        else:
+            detail = message or HTTPStatus(status).phrase
+            error = {"message": f"malformed HTTP request: {detail}"}
+            error["type"] = "invalid_request_error"
+        response = web.json_response(
+            {"error": error | {"param": None, "code": None}}, status=status
+        )
+        response.force_close()
+        return response
+
+
+def _make_handler(server: web.Server) -> RequestHandler:
+    # What web.Server.__call__ does, with our subclass: aiohttp has no hook for the class.
+    return _OpenAIErrorHandler(server, loop=server._loop, **server._kwargs)

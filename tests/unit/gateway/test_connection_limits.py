@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+import pytest
 import uvloop
 
 from services.gateway.app import STATE, create_app
@@ -226,3 +227,24 @@ async def test_connections_past_the_cap_are_refused_until_some_close(tokenizer):
         status, body = await asyncio.wait_for(_response(reader), MARGIN_S)
         writer.close()
         assert b"pagedserve_connections_refused_total 1.0" in body
+
+
+@on_uvloop
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n",  # a control byte
+        b"P@ST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n",  # not a method
+        b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # a line past aiohttp's limit
+    ],
+)
+async def test_a_head_aiohttp_cannot_parse_gets_an_openai_error_body(tokenizer, head):
+    async with listening(tokenizer) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head)
+        status, body = await _answer(reader, MARGIN_S)
+        writer.close()
+    assert status is not None and 400 <= status < 500
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("malformed")
+    assert set(error) == {"message", "type", "param", "code"}
