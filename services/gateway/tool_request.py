@@ -142,7 +142,9 @@ def _choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
         return choice, None
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
-    if not (isinstance(choice, dict) and choice.get("type") == "function" and name):
+    if not (
+        isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)
+    ):
         raise InvalidRequestError(
             'tool_choice must be "none", "auto", "required" or '
             '{"type": "function", "function": {"name": ...}}',

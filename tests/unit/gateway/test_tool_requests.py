@@ -46,6 +46,11 @@ def _chat(tokenizer, **fields: Any):
             "tool_choice",
         ),  # noqa: E501
         ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": ["x"]}}},
+            "tool_choice",
+        ),  # noqa: E501
+        ({"tools": TOOLS, "tool_choice": ["auto"]}, "tool_choice"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"tools": TOOLS, "tool_choice": NAMED, "guided_regex": "a+"}, "tool_choice"),
     ],
