@@ -227,15 +227,15 @@ class _Chunker:
         assert self.tool_streams is not None
         s = u.sample
         stream = self.tool_streams[s.index]
-        text = stream.feed(u.text)
-        calls: list[dict[str, Any]] = []
+        text, calls = stream.feed(u.text)
         finish = u.finish_reason
         if finish is not None:
-            rest, calls = stream.finish()
+            rest, more, called = stream.finish()
             text += rest
-            if calls and finish == "stop":
+            calls += more
+            if called and finish == "stop":
                 finish = "tool_calls"
-        if not (first or text or has_logprobs or finish):
+        if not (first or text or has_logprobs or finish or calls):
             return []
         s.started = True
         lp = fmt.chat_logprobs(u.logprobs, self.texts) if self.run.parsed.logprobs else None
@@ -247,8 +247,9 @@ class _Chunker:
         for delta in calls:
             choice = {"index": s.index, "delta": {"tool_calls": [delta]}, "logprobs": None}
             out.append(self._envelope([{**choice, "finish_reason": None}]))
-        end = {"index": s.index, "delta": {}, "logprobs": None, "finish_reason": finish}
-        out.append(self._envelope([end]))
+        if finish is not None:
+            end = {"index": s.index, "delta": {}, "logprobs": None, "finish_reason": finish}
+            out.append(self._envelope([end]))
         return out
 
     def usage_chunk(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ the constraint that forces a call when tool_choice requires one."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,8 @@ class ToolRequest:
                 return ParsedOutput(text, [])
             if not isinstance(args, dict):
                 return ParsedOutput(text, [])
-            return ParsedOutput(None, [ToolCall(self.named, json.dumps(args, ensure_ascii=False))])
+            # The text itself, as streamed argument fragments spell it (see escape_controls).
+            return ParsedOutput(None, [ToolCall(self.named, escape_controls(text))])
         if self.choice == "required":
             return _forced_list(text)
         return self.parser.parse(text)
@@ -155,6 +157,15 @@ def _choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[str, str | None]:
             f"tool_choice names {name!r}, which is not among the tools", param="tool_choice"
         )
     return "named", name
+
+
+def escape_controls(text: str) -> str:
+    """Raw control characters (which xgrammar's JSON strings admit) as JSON escapes, so that a
+    strict parser reads the arguments; piece by piece it gives the same as on the whole."""
+    return _CONTROLS.sub(lambda m: json.dumps(m.group())[1:-1], text)
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f]")
 
 
 def _forced_list(text: str) -> ParsedOutput:

@@ -226,3 +226,22 @@ async def test_plain_text_in_auto_mode_streams_as_content(serve, tokenizer):
     content, calls, finish = _reassemble(events)
     assert content == " the capital of france is paris" and calls == [] and finish == "stop"
     assert sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content")) > 1
+
+
+async def test_a_named_choice_streams_its_arguments_as_they_are_generated(serve, tokenizer):
+    # A raw control character, as xgrammar's JSON strings admit: escaped alike in both.
+    args = '{"city": "Par\x04is", "days": 2}'
+    whole, events = await _reply(serve, tokenizer, args, tool_choice=NAMED)
+    [call] = whole["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Par\x04is", "days": 2}
+    content, calls, finish = _reassemble(events)
+    assert content == "" and finish == "tool_calls"
+    assert [c["function"] for c in calls] == [call["function"]]
+    fragments = [
+        d["function"]["arguments"]
+        for e in events
+        for choice in e["choices"]
+        for d in choice["delta"].get("tool_calls", [])
+        if "id" not in d
+    ]
+    assert len(fragments) > 1  # one per generated piece, not one at the end
