@@ -4,13 +4,16 @@ legacy API, as lm-eval scores choices), and vLLM's prompt_logprobs field on both
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.openai_responses import completion_logprobs, logprob_value
 from shared.errors import InvalidRequestError
 from shared.protocol import PromptLogprobs
 from shared.sampling import SamplingParams
+
+if TYPE_CHECKING:  # openai_api.py imports this module
+    from services.gateway.openai_api import ParsedRequest
 
 
 def completion_prompt_sampling(
@@ -32,7 +35,7 @@ def check_streaming(stream: bool, body: dict[str, Any], prompt_only: bool) -> No
 
 
 def add_prompt_logprobs(
-    body: dict[str, Any], parsed: Any, prompt: PromptLogprobs | None, texts: TokenTexts
+    body: dict[str, Any], parsed: ParsedRequest, prompt: PromptLogprobs | None, texts: TokenTexts
 ) -> dict[str, Any]:
     """The response body with what the request asked of its prompt; raises when the scores
     did not all arrive (a partial answer would be silently wrong)."""
@@ -41,26 +44,29 @@ def add_prompt_logprobs(
     if parsed.sampling.prompt_logprobs is not None:
         check_arrived(parsed.prompt_token_ids, prompt)
     ids = parsed.prompt_token_ids
-    for choice in body["choices"]:
-        if parsed.kind != "completion":
-            break
-        if parsed.prompt_only:  # the one token drawn to run the prefill is not reported
-            choice["text"] = parsed.echo_text
-            choice["finish_reason"] = "length"
-        if parsed.echo_text is not None and parsed.logprobs:
-            echoed = echo_logprobs(ids, prompt, texts)
-            if not parsed.prompt_only:
-                for key, values in choice["logprobs"].items():
-                    echoed[key].extend(values)
-            choice["logprobs"] = echoed
-        if parsed.show_prompt_logprobs:
-            choice["prompt_logprobs"] = vllm_prompt_logprobs(ids, prompt, texts)
-    if parsed.kind != "completion" and parsed.show_prompt_logprobs:
+    if parsed.kind == "completion":
+        for choice in body["choices"]:
+            _completion_choice(choice, parsed, prompt, texts)
+    elif parsed.show_prompt_logprobs:
         body["prompt_logprobs"] = vllm_prompt_logprobs(ids, prompt, texts)  # vLLM: top level
     if parsed.prompt_only:
         body["usage"]["completion_tokens"] = 0
         body["usage"]["total_tokens"] = body["usage"]["prompt_tokens"]
     return body
+
+
+def _completion_choice(
+    choice: dict[str, Any], parsed: ParsedRequest, prompt: PromptLogprobs | None, texts: TokenTexts
+) -> None:
+    ids = parsed.prompt_token_ids
+    if parsed.prompt_only:  # the one token drawn to run the prefill is not reported
+        choice["text"] = parsed.echo_text
+        choice["finish_reason"] = "length"
+    if parsed.echo_text is not None and parsed.logprobs:
+        generated = {} if parsed.prompt_only else choice["logprobs"]
+        choice["logprobs"] = with_echo_logprobs(generated, ids, prompt, texts)
+    if parsed.show_prompt_logprobs:
+        choice["prompt_logprobs"] = vllm_prompt_logprobs(ids, prompt, texts)
 
 
 def check_arrived(prompt_ids: list[int], prompt: PromptLogprobs | None) -> None:
