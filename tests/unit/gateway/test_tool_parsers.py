@@ -95,3 +95,35 @@ def test_raw_control_characters_in_strings_come_back_escaped():
     # xgrammar's JSON strings admit raw control characters, which strict JSON refuses.
     out = PARSERS["hermes"]().parse('<tool_call>{"name": "f", "arguments": {"a": "x\x04"}}')
     assert json.loads(out.calls[0].arguments) == {"a": "x\x04"}
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        ("hermes", f"Checking.<tool_call>{json.dumps(WEATHER)}</tool_call>"),
+        ("llama3_json", json.dumps({"name": "get_time", "parameters": TIME["arguments"]})),
+        ("mistral", f"One moment. [TOOL_CALLS] {json.dumps([WEATHER, TIME])}"),
+        ("hermes", "No call here, only a < sign."),
+    ],
+)
+@pytest.mark.parametrize("size", [1, 3, 7])
+def test_calls_split_across_stream_pieces_reassemble_to_the_parsed_reply(parser, text, size):
+    from services.gateway.tool_replies import ToolCallStream
+    from services.gateway.tool_request import ToolRequest
+
+    tools = ToolRequest([], "auto", None, True, PARSERS[parser]())
+    stream = ToolCallStream(tools)
+    content, deltas = "", []
+    for at in range(0, len(text), size):
+        piece, more = stream.feed(text[at : at + size])
+        content, deltas = content + piece, deltas + more
+    rest, more, called = stream.finish()
+    content, deltas = content + rest, deltas + more
+    whole = tools.read(text)
+    assert called == bool(whole.calls)
+    assert content.strip() == (whole.content or "")
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        name_args = calls.setdefault(d["index"], [d["function"].get("name", ""), ""])
+        name_args[1] += d["function"]["arguments"]
+    assert [ToolCall(n, a) for n, a in calls.values()] == whole.calls
