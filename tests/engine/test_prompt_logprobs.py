@@ -4,6 +4,7 @@ also over chunked prefills, prompts whose blocks sit in the prefix cache, and re
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -111,3 +112,21 @@ def test_parallel_samples_get_one_set(tiny_model_dir, prompts):
     expected = reference.gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1)
     got = torch.tensor([t.logprob for t in output.prompt_logprobs.tokens])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def test_offline_generate_writes_prompt_logprobs(tiny_model_dir, prompts, tmp_path):
+    from services.cli import main as cli_main
+
+    prompt = prompts[6]  # 31 tokens
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt_token_ids": prompt, "prompt_logprobs": 1}) + "\n")
+    dst = tmp_path / "out.jsonl"
+    argv = ["generate", "--model", str(tiny_model_dir), "--input", str(src), "--output", str(dst)]
+    assert cli_main(argv + ["--num-device-blocks", "32", "--max-tokens", "2"]) == 0
+    [row] = [json.loads(line) for line in dst.read_text().splitlines()]
+    scored = row["prompt_logprobs"]
+    assert scored[0] is None and [e["token_id"] for e in scored[1:]] == prompt[1:]
+    reference = hf_prompt_logprobs(tiny_model_dir, tuple(prompt))
+    expected = reference.gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1).tolist()
+    assert [e["logprob"] for e in scored[1:]] == pytest.approx(expected, abs=1e-4)
+    assert all(len(e["top_logprobs"]) == 1 and e["rank"] >= 1 for e in scored[1:])
