@@ -214,7 +214,8 @@ class SamplingParams:
     @property
     def needs_history(self) -> bool:
         """Whether the executor must be fed every token of the sequence: it learns penalty
-        counts and grammar state from the tokens plans feed it (the fields that say so)."""
+        counts and grammar state from the tokens plans feed it, and scores every prompt token
+        for prompt logprobs (the fields that say so)."""
         return any(getattr(self, name) != default for name, default in _HISTORY_DEFAULTS)
 
     @property

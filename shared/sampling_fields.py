@@ -25,7 +25,8 @@ class RequestField:
     # field's own name.
     by_name: bool = True
     # A value other than the default makes the executor learn from every token of the sequence
-    # (penalty counts, grammar state), so every token must be fed to it, none skipped.
+    # (penalty counts, grammar state) or read the logits at every prompt position (prompt
+    # logprobs), so every token must be fed to it, none skipped (no prefix-cache reuse).
     needs_history: bool = False
 
 
