@@ -59,7 +59,10 @@ class ToolRequest:
             return ParsedOutput(None, [ToolCall(self.named, escape_controls(text))])
         if self.choice == "required":
             return _forced_list(text)
-        return self.parser.parse(text)
+        parsed = self.parser.parse(text)
+        if not self.parallel and len(parsed.calls) > 1:  # asked for one call: the first
+            return ParsedOutput(parsed.content, parsed.calls[:1])
+        return parsed
 
     @property
     def forced(self) -> bool:

@@ -197,6 +197,15 @@ async def test_several_calls_in_one_reply_stream_by_index(serve, tokenizer):
     assert [c["function"] for c in calls] == [c["function"] for c in message["tool_calls"]]
 
 
+async def test_without_parallel_calls_auto_mode_keeps_the_first_call(serve, tokenizer):
+    second = {"name": "get_time", "arguments": {}}
+    text = f"<tool_call>{json.dumps(CALL)}</tool_call><tool_call>{json.dumps(second)}</tool_call>"
+    whole, events = await _reply(serve, tokenizer, text, parallel_tool_calls=False)
+    [call] = whole["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert [c["function"] for c in _reassemble(events)[1]] == [call["function"]]
+
+
 async def test_an_unparseable_call_in_auto_mode_is_plain_content(serve, tokenizer):
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>'
     whole, events = await _reply(serve, tokenizer, text)
