@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from services.gateway.detokenizer import TokenTexts
 from services.gateway.openai_responses import completion_logprobs, logprob_value
-from shared.errors import InvalidRequestError
+from shared.errors import InvalidRequestError, PagedServeError
 from shared.protocol import PromptLogprobs
 from shared.sampling import SamplingParams
 
@@ -71,7 +71,8 @@ def _completion_choice(
 
 def check_arrived(prompt_ids: list[int], prompt: PromptLogprobs | None) -> None:
     if prompt is None or len(prompt.tokens) != len(prompt_ids) - 1:
-        raise RuntimeError("the prompt's logprobs did not all arrive")
+        # Never a partial answer; an OpenAI error body like every other failure of ours.
+        raise PagedServeError("the prompt's logprobs did not all arrive", code="prompt_logprobs")
 
 
 def with_echo_logprobs(
