@@ -59,12 +59,13 @@ def prompt_rows(
     """(flat hidden-state rows, the prompt tokens they predict, spans) of the plan's sequences
     that asked; top_k(seq_id): top logprobs that sequence wants."""
     rows, targets, spans = [], [], []
-    firsts = itertools.accumulate((len(s.token_ids) for s in seqs), initial=0)
-    for seq, first in zip(seqs, firsts):
-        scored = seq.prompt_targets
-        if scored is None:
-            continue
-        row, count = first + scored.first_row, len(scored.token_ids)
+    asked = [i for i, s in enumerate(seqs) if s.prompt_targets is not None]
+    if not asked:  # nearly every step: one pass over the plan, no row bookkeeping
+        return rows, targets, spans
+    firsts = list(itertools.accumulate((len(s.token_ids) for s in seqs), initial=0))
+    for i in asked:
+        seq, scored = seqs[i], seqs[i].prompt_targets
+        row, count = firsts[i] + scored.first_row, len(scored.token_ids)
         rows.extend(range(row, row + count))
         targets.extend(scored.token_ids)
         start_pos = seq.start_pos + scored.first_row + 1
