@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from aiohttp import web
 
 from services.gateway.openai_api import ParsedRequest, parse_chat_request
-from services.gateway.request_run import GenerationFailed, RequestRun
+from services.gateway.request_run import GenerationFailed, RequestRun, SampleUpdate
 from services.gateway.responses_reply import (
     EventLog,
     ResponseDraft,
@@ -20,18 +19,16 @@ from services.gateway.responses_reply import (
 )
 from services.gateway.responses_request import RESPONSES_PARAM, chat_body
 from services.gateway.serving import (
-    INTERNAL_ERROR,
     error_response,
     open_stream,
     read_json,
+    relay,
     watch_disconnect,
 )
 from services.gateway.state import GatewayState
 from services.gateway.tool_replies import tool_message
 from shared.errors import InvalidRequestError
 from shared.protocol import SchedulerReady
-
-log = logging.getLogger(__name__)
 
 
 def parse_responses_request(
@@ -116,7 +113,6 @@ async def _stream(
     events = EventLog()
     item_id = new_id("msg")
     resp: web.StreamResponse | None = None
-    failure: dict[str, Any] | None = None
 
     async def opened() -> web.StreamResponse:
         stream = await open_stream(request)
@@ -138,26 +134,19 @@ async def _stream(
             *events.text_opened(item_id, 0),
         ]
 
+    async def send(updates: list[SampleUpdate]) -> None:
+        nonlocal resp
+        resp = resp or await opened()
+        texts = [u.text for u in updates if u.text and streams_text]
+        data = b"".join(events.text_delta(item_id, 0, text) for text in texts)
+        if data:
+            await resp.write(data)
+
     try:
-        async with run:
-            try:
-                while (updates := await run.next_updates()) is not None:
-                    resp = resp or await opened()
-                    texts = [u.text for u in updates if u.text and streams_text]
-                    data = b"".join(events.text_delta(item_id, 0, text) for text in texts)
-                    if data:
-                        await resp.write(data)
-            except GenerationFailed as exc:
-                if resp is None:
-                    return error_response(exc.error, exc.status)
-                failure = exc.error
-            except ConnectionError:
-                raise
-            except Exception:
-                if resp is None:
-                    raise
-                log.exception("response %s failed mid-stream", draft.id)
-                failure = INTERNAL_ERROR["error"]
+        try:
+            failure = await relay(run, send, lambda: resp is not None, f"response {draft.id}")
+        except GenerationFailed as exc:  # before anything was sent
+            return error_response(exc.error, exc.status)
         resp = resp or await opened()
         if failure is not None:
             await resp.write(events.event("response.failed", response=draft.fail(failure)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -102,26 +103,19 @@ async def _stream(request: web.Request, run: RequestRun, texts: TokenTexts) -> w
     # proper status code and JSON error body.
     chunker = _Chunker(run, texts)
     resp: web.StreamResponse | None = None
-    failure: dict[str, Any] | None = None
+
+    async def send(updates: list[SampleUpdate]) -> None:
+        nonlocal resp
+        data = b"".join(fmt.sse(chunk) for chunk in chunker.chunks(updates))
+        if data:
+            resp = resp or await open_stream(request)
+            await resp.write(data)
+
     try:
-        async with run:
-            try:
-                while (updates := await run.next_updates()) is not None:
-                    data = b"".join(fmt.sse(chunk) for chunk in chunker.chunks(updates))
-                    if data:
-                        resp = resp or await open_stream(request)
-                        await resp.write(data)
-            except GenerationFailed as exc:
-                if resp is None:
-                    return error_response(exc.error, exc.status)
-                failure = exc.error
-            except ConnectionError:
-                raise
-            except Exception:
-                if resp is None:
-                    raise
-                log.exception("request %s failed mid-stream", run.request_id)
-                failure = INTERNAL_ERROR["error"]
+        try:
+            failure = await relay(run, send, lambda: resp is not None, f"request {run.request_id}")
+        except GenerationFailed as exc:  # before anything was sent
+            return error_response(exc.error, exc.status)
         resp = resp or await open_stream(request)
         if failure is not None:
             await resp.write(fmt.sse(fmt.error_event(failure)))
@@ -134,6 +128,33 @@ async def _stream(request: web.Request, run: RequestRun, texts: TokenTexts) -> w
         if resp is None:
             raise
     return resp
+
+
+async def relay(
+    run: RequestRun,
+    send: Callable[[list[SampleUpdate]], Awaitable[None]],
+    sent: Callable[[], bool],
+    what: str,
+) -> dict[str, Any] | None:
+    """Run `run`, handing each step's updates to send(); the failure a stream must end with
+    (None: it ended well). Until sent() is true nothing went out, so a failure is raised as it
+    came and the caller answers with a plain error response and status instead."""
+    async with run:
+        try:
+            while (updates := await run.next_updates()) is not None:
+                await send(updates)
+        except GenerationFailed as exc:
+            if not sent():
+                raise
+            return exc.error
+        except ConnectionError:
+            raise
+        except Exception:
+            if not sent():
+                raise
+            log.exception("%s failed mid-stream", what)
+            return INTERNAL_ERROR["error"]
+    return None
 
 
 async def open_stream(request: web.Request) -> web.StreamResponse:
