@@ -23,6 +23,7 @@ from services.gateway.serving import (
     open_stream,
     read_json,
     relay,
+    run_to_end,
     watch_disconnect,
 )
 from services.gateway.state import GatewayState
@@ -93,12 +94,8 @@ def _usage(run: RequestRun) -> dict[str, Any]:
 
 
 async def _respond_json(run: RequestRun, draft: ResponseDraft) -> web.Response:
-    async with run:
-        try:
-            while await run.next_updates() is not None:
-                pass
-        except GenerationFailed as exc:
-            return error_response(exc.error, exc.status)
+    if (failed := await run_to_end(run)) is not None:
+        return failed
     message, finish_reason = _reply(run)
     return web.json_response(draft.finish(output_items(message), finish_reason, _usage(run)))
 

@@ -88,13 +88,20 @@ async def watch_disconnect(request: web.Request, handler: asyncio.Task[Any]) -> 
             return
 
 
-async def _respond_json(run: RequestRun, texts: TokenTexts) -> web.Response:
+async def run_to_end(run: RequestRun) -> web.Response | None:
+    """Run `run` to its end for a one-body answer: the error response when it failed."""
     async with run:
         try:
             while await run.next_updates() is not None:
                 pass
         except GenerationFailed as exc:
             return error_response(exc.error, exc.status)
+    return None
+
+
+async def _respond_json(run: RequestRun, texts: TokenTexts) -> web.Response:
+    if (failed := await run_to_end(run)) is not None:
+        return failed
     return web.json_response(_final_body(run, texts))
 
 
