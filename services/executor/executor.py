@@ -21,8 +21,8 @@ from services.executor.cuda_graphs import DecodeGraphs
 from services.executor.grammar import GrammarStore
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
-from services.executor.llama import LlamaSpec
 from services.executor.model_setup import DTYPES, eos_token_ids, max_model_len, pick_device
+from services.executor.models import model_spec
 from services.executor.phase_timer import PhaseTimer
 from services.executor.prompt_logprobs import prompt_rows, score_prompt
 from services.executor.quantize_model import quantize_model, resolve_quantization
@@ -66,7 +66,7 @@ class Executor:
         hf_config = load_hf_config(model_dir)
         size = config.parallel.tensor_parallel_size
         # Refused before any rank starts: a bad split must fail here, not hang a collective.
-        check_divisible(LlamaSpec.from_hf_config(hf_config), size)
+        check_divisible(model_spec(hf_config), size)
         external = config.parallel.external_workers
         if self.device.type == "cuda" and not external and size > torch.cuda.device_count():
             raise ValueError(
@@ -86,9 +86,7 @@ class Executor:
         gguf_path = source_gguf(model_dir) if self.quantization == "int4" else None
         quantize_model(self.model, self.quantization, gguf_path)
         # This rank's KV heads of every block: one block table serves every rank.
-        local_heads = self.model.layers[0].self_attn.num_kv_heads
-        cache_spec = dataclasses.replace(self.model.spec, num_kv_heads=local_heads)
-        self.cache = KVCache(cache_spec, config.cache, dtype, self.device, self.ops)
+        self.cache = KVCache(self.model.kv_layout, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = eos_token_ids(model_dir, hf_config)
         self.model_dir = model_dir
         self.block_tables = DeviceBlockTables(-(-self.max_model_len // block_size), self.device)

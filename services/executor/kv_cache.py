@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from kernels.ops import KernelOps
-from services.executor.llama import LlamaSpec
+from services.executor.models.spec import KVLayout
 from shared.config import CacheConfig
 
 
 class KVCache:
     def __init__(
         self,
-        spec: LlamaSpec,
+        layout: KVLayout,
         config: CacheConfig,
         dtype: torch.dtype,
         device: torch.device | str,
@@ -22,10 +22,10 @@ class KVCache:
         self.block_size = config.block_size
         # [num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]: one tensor, so
         # copy-on-write and swaps move a block of every layer in one indexing op.
-        block_shape = (config.block_size, spec.num_kv_heads, spec.head_dim)
+        block_shape = (config.block_size, layout.num_kv_heads, layout.head_dim)
         element_size = torch.empty((), dtype=dtype).element_size()
         self.bytes_per_block = (
-            spec.num_layers * 2 * element_size * block_shape[0] * block_shape[1] * block_shape[2]
+            layout.num_layers * 2 * element_size * block_shape[0] * block_shape[1] * block_shape[2]
         )
         num_device = config.num_device_blocks or config.kv_cache_bytes // self.bytes_per_block
         if num_device < 1:
@@ -37,13 +37,13 @@ class KVCache:
         num_cpu = min(config.swap_space_bytes // self.bytes_per_block, num_device)
         # Zeros, not empty: padded attention reads of unused slots must be finite (0 * NaN = NaN).
         self.device = torch.zeros(
-            (spec.num_layers, 2, num_device, *block_shape), dtype=dtype, device=device
+            (layout.num_layers, 2, num_device, *block_shape), dtype=dtype, device=device
         )
         # Pinned when the pool is on a GPU, so swap copies run at DMA speed. They are still
         # synchronous: a plan's swaps complete before its forward pass starts.
         pin = torch.device(device).type == "cuda"
         self.cpu = torch.zeros(
-            (spec.num_layers, 2, num_cpu, *block_shape), dtype=dtype, pin_memory=pin
+            (layout.num_layers, 2, num_cpu, *block_shape), dtype=dtype, pin_memory=pin
         )
 
     @property

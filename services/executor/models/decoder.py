@@ -1,0 +1,126 @@
+"""The decoder-only causal LM every family builds on, with the declarations the executor reads.
+
+A family subclasses DecoderForCausalLM, names its HF architecture and reads its spec from the
+transformers config; weights.py (checkpoint names, tensor-parallel slices), the quantizer
+(which linears) and the KV pool (layout) read the class attributes below, never a family name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.metadata import AttentionMetadata
+from kernels.ops import KernelOps
+from services.executor.models.layers import DecoderLayer, linear_weight, make_norm
+from services.executor.models.spec import KVLayout, ModelSpec, base_spec_fields
+from services.executor.quantized import QUANTIZED_LINEARS
+from services.executor.tensor_parallel import Shard
+
+
+class DecoderForCausalLM(nn.Module):
+    # ---- declarations ---------------------------------------------------------------------
+    architectures: tuple[str, ...] = ()  # HF `architectures` names this class serves
+    model_types: tuple[str, ...] = ()  # config.model_type fallbacks when `architectures` is unset
+    # Our fused module -> the checkpoint modules stored in it, in row order (vLLM's
+    # packed_modules_mapping). A checkpoint that already stores the fused module loads as is.
+    packed_modules_mapping: dict[str, tuple[str, ...]] = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "gate_up_proj": ("gate_proj", "up_proj"),
+    }
+    # Tensor-parallel split per module of a layer: ("column", parts) splits output rows, each
+    # part by its unit; ("row", unit) splits input columns (biases added by one rank only).
+    # Units: "q" query heads, "kv" KV heads, "mlp" the MLP width. Unlisted modules (norms) are
+    # replicated; embed_tokens and lm_head are split by vocabulary.
+    tensor_parallel_plan: dict[str, tuple] = {
+        "self_attn.qkv_proj": ("column", ("q", "kv", "kv")),
+        "self_attn.o_proj": ("row", "q"),
+        "mlp.gate_up_proj": ("column", ("mlp", "mlp")),
+        "mlp.down_proj": ("row", "mlp"),
+    }
+    vocab_parallel = ("embed_tokens", "lm_head")
+    # Linears of a layer that quantized CPU kernels may replace (the LM head and embedding too).
+    quantizable_modules = (
+        "self_attn.qkv_proj",
+        "self_attn.o_proj",
+        "mlp.gate_up_proj",
+        "mlp.down_proj",
+    )
+    # Checkpoint tensors that hold nothing we load (precomputed rotary frequencies).
+    ignored_checkpoint_names = ("rotary_emb",)
+    layer_class = DecoderLayer
+
+    @classmethod
+    def spec_from_config(cls, config, architecture: str) -> ModelSpec:
+        """The family's spec; subclasses add or refuse their config's switches."""
+        return ModelSpec(**base_spec_fields(config, architecture))
+
+    # ---- the model ------------------------------------------------------------------------
+    def __init__(
+        self,
+        spec: ModelSpec,
+        cos: torch.Tensor,  # [max_positions, rotary_dim] fp32
+        sin: torch.Tensor,  # [max_positions, rotary_dim] fp32
+        ops: KernelOps,
+        shard: Shard | None = None,
+    ) -> None:
+        super().__init__()
+        self.spec = spec  # the whole model's numbers; each module knows its own share
+        self.shard = shard = shard or Shard()
+        self.vocab_start, vocab_end = shard.span(spec.vocab_size)
+        local_vocab = vocab_end - self.vocab_start
+        self.embed_tokens = nn.Embedding(local_vocab, spec.hidden_size)
+        self.layers = nn.ModuleList(
+            self.layer_class(spec, ops, shard) for _ in range(spec.num_layers)
+        )
+        self.norm = make_norm(spec, spec.hidden_size)
+        if spec.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(spec.hidden_size, local_vocab, bias=False)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """This rank's KV pool layout: one block table serves every rank."""
+        return self.spec.kv_layout(self.layers[0].self_attn.num_kv_heads)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden], before the final norm
+        h = self._embed(input_ids)
+        if self.spec.embed_scale != 1.0:
+            # Gemma scales by sqrt(hidden) rounded to the activations' dtype, as transformers.
+            h = h * torch.tensor(self.spec.embed_scale, dtype=h.dtype)
+        cos = self.cos[positions].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, rotary_dim]
+        sin = self.sin[positions].to(h.dtype).unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv_cache[i], meta)
+        return h
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [.., hidden]
+        if self.shard.size == 1:
+            return self.embed_tokens(input_ids)
+        # Vocabulary-parallel: each rank looks up the ids it holds, zeros elsewhere; summed.
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.embed_tokens.num_embeddings)
+        h = self.embed_tokens(local.clamp(0, self.embed_tokens.num_embeddings - 1))
+        return self.shard.all_reduce(h * mine[:, None].to(h.dtype))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[num_rows, hidden] -> [num_rows, vocab] fp32, only for the rows that sample."""
+        if isinstance(self.lm_head, QUANTIZED_LINEARS):  # set by quantize_model; never sharded
+            return self._softcap(self.lm_head(self.norm(hidden)).float())
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        # Each rank scores its slice of the vocabulary; every rank gets the whole row.
+        logits = self.shard.all_gather_last(linear_weight(self.norm(hidden), weight).float())
+        return self._softcap(logits)
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] fp32
+        cap = self.spec.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

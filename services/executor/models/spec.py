@@ -1,0 +1,94 @@
+"""The numbers a decoder family reads from its transformers config, and its KV layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one rank's KV pool holds per block: every layer's K and V for its KV heads."""
+
+    num_layers: int
+    num_kv_heads: int  # this rank's KV heads (all of them without tensor parallelism)
+    head_dim: int
+    # Per layer: the attention window in tokens, None for full context. Read by the context
+    # limit today (model_setup.max_model_len); kept per layer for mixed sliding/global models.
+    windows: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One checkpoint's shape and the per-family switches the shared layers read."""
+
+    architecture: str  # the HF `architectures` name the registry chose the family by
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"  # the gate's activation: silu, or gelu_pytorch_tanh (GeGLU)
+    qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head before rotary
+    norm_offset: float = 0.0  # Gemma: norms scale by (offset + weight)
+    embed_scale: float = 1.0  # Gemma: embeddings times sqrt(hidden_size)
+    attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+    attn_softcap: float | None = None  # Gemma 2: tanh soft-capping of attention scores
+    final_softcap: float | None = None  # Gemma 2: tanh soft-capping of the logits
+    rotary_dim: int | None = None  # rotary applies to the first rotary_dim of a head; None: all
+    sliding_windows: tuple[int | None, ...] = ()  # per layer; empty: every layer full context
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        return self.sliding_windows or (None,) * self.num_layers
+
+    @property
+    def context_cost_tokens(self) -> int:
+        """Context tokens whose attention (q.k and p.v, every layer) costs one query token the
+        multiply-adds of its linear layers and LM head; see ExecutorReady."""
+        kv_dim = self.num_kv_heads * self.head_dim
+        per_layer = self.hidden_size * (self.num_heads * self.head_dim + 2 * kv_dim)  # q, k, v
+        per_layer += self.num_heads * self.head_dim * self.hidden_size  # o
+        per_layer += 3 * self.hidden_size * self.intermediate_size  # gate, up, down
+        linear = self.num_layers * per_layer + self.hidden_size * self.vocab_size
+        attention_per_context_token = 2 * self.num_layers * self.num_heads * self.head_dim
+        return max(1, linear // attention_per_context_token)
+
+    def kv_layout(self, num_kv_heads: int | None = None) -> KVLayout:
+        """The KV pool's layout; num_kv_heads: a rank's share when tensor-parallel."""
+        heads = self.num_kv_heads if num_kv_heads is None else num_kv_heads
+        return KVLayout(self.num_layers, heads, self.head_dim, self.windows)
+
+
+def base_spec_fields(config, architecture: str) -> dict:
+    """The fields every family reads the same way from its transformers config."""
+    heads = config.num_attention_heads
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    return dict(
+        architecture=architecture,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        rms_norm_eps=config.rms_norm_eps,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        qkv_bias=attention_bias,
+        o_bias=attention_bias,
+        mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        hidden_act=getattr(config, "hidden_act", None) or "silu",
+    )
