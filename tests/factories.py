@@ -36,7 +36,7 @@ def engine_config(
     from services.executor.weights import load_hf_config
 
     hf = load_hf_config(model_dir)
-    head_dim = hf.hidden_size // hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     bytes_per_block = (
         hf.num_hidden_layers * 2 * block_size * hf.num_key_value_heads * head_dim * element

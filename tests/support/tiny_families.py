@@ -1,0 +1,137 @@
+"""Tiny seeded random checkpoints of every registry family, built from transformers' own config
+and model classes, with transformers' greedy continuation as the reference."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from services.bench.random_models import make_tiny_tokenizer
+
+VOCAB = 384
+# Shared by every family: GQA (2 KV heads for 4 query heads) and a wide init, so greedy choices
+# are not decided by rounding noise.
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.3,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+_THETA = 10000.0
+# name -> (transformers config class, model class, config overrides). Each name is one shape a
+# family's checkpoints come in: rope scaling types, tied heads, biases, odd head counts.
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama-tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
+    "llama-rope-linear": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=_THETA)),
+    ),
+    "llama-rope-llama3": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_parameters=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+                rope_theta=500000.0,
+            )
+        ),
+    ),
+    "llama-rope-yarn": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_parameters=dict(
+                rope_type="yarn",
+                factor=4.0,
+                original_max_position_embeddings=128,
+                rope_theta=_THETA,
+            )
+        ),
+    ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4096)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    # Six query heads of 16 (not hidden / heads) over two KV heads.
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(num_attention_heads=6, head_dim=16, tie_word_embeddings=False),
+    ),
+    "qwen3-tied": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True)),
+    # Phi-4-mini's partial rotary (3/4 of each head) on Phi-3's fused checkpoint layout.
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            rope_parameters=dict(rope_type="default", rope_theta=_THETA, partial_rotary_factor=0.75)
+        ),
+    ),
+    # longrope within its original context: the short factors, as transformers uses there.
+    "phi3-longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            original_max_position_embeddings=512,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=_THETA,
+                short_factor=[1.0, 1.5, 2.0, 3.0, 1.2, 1.1, 4.0, 1.0],
+                long_factor=[8.0] * 8,
+                original_max_position_embeddings=512,
+            ),
+        ),
+    ),
+}
+
+
+def make_tiny_family(path: Path, name: str, seed: int = 0) -> Path:
+    """A seeded random checkpoint of family shape `name` (FAMILIES) with the tiny tokenizer."""
+    import transformers
+
+    config_name, model_name, overrides = FAMILIES[name]
+    config = getattr(transformers, config_name)(**{**_COMMON, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():  # transformers initialises biases and norms plainly; make them matter
+        for module_name, param in model.named_parameters():
+            if module_name.endswith("bias") or "norm" in module_name:
+                param.add_(torch.randn_like(param) * 0.3)
+    model.save_pretrained(path)
+    make_tiny_tokenizer(VOCAB).save_pretrained(path)
+    return path
+
+
+@functools.cache
+def _hf_model(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(model_dir: Path, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
+    """transformers' generate(do_sample=False) continuation of `prompt`."""
+    with torch.inference_mode():
+        out = _hf_model(model_dir).generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
