@@ -47,7 +47,8 @@ class Stack:
 
     def start(self) -> None:
         args = self.args
-        model_dir = str(resolve_model(args.model))  # convert once, before children race to it
+        # Converted or downloaded once, before the children race to it.
+        model_dir = str(resolve_model(args.model, getattr(args, "download_dir", None)))
         config = engine_config_from_args(args)
         config = replace(config, model=replace(config.model, model=model_dir))
         name = [arg for served in served_model_names(args) for arg in ("--model-name", served)]

@@ -12,7 +12,7 @@ from shared.structured import GrammarLimits
 
 PreemptionMode = Literal["swap", "recompute"]
 BudgetOrder = Literal["decode-first", "arrival"]
-DTypeName = Literal["float32", "float16", "bfloat16", "float64"]
+DTypeName = Literal["auto", "float32", "float16", "bfloat16", "float64"]
 DeviceName = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
 Quantization = Literal["auto", "none", "int8", "int4"]
@@ -29,13 +29,23 @@ def _positive(name: str, value: int | float | None, allow_none: bool = False) ->
 
 @dataclass(frozen=True)
 class ModelConfig:
-    # Local HF directory or .gguf file; None means the embedded model.
+    # Local HF directory, .gguf file or Hub id; None means the embedded model.
     model: str | None = flag(
         None, "--model",
-        "local HF directory (config.json + safetensors + tokenizer) or .gguf file; "
+        "local HF directory (config.json + safetensors + tokenizer), .gguf file, or Hugging "
+        "Face Hub id org/name[@revision] (its cache; downloaded unless HF_HUB_OFFLINE=1); "
         "default: the embedded SmolLM2-135M-Instruct",
     )  # fmt: skip
-    dtype: DTypeName = flag("float32", "--dtype")  # fp32 is the fast dtype on AVX2 CPUs
+    # Where Hub ids are cached and downloaded; None: the Hub's cache (HF_HUB_CACHE, HF_HOME).
+    download_dir: str | None = flag(
+        None, "--download-dir",
+        "cache directory for Hub models (default: HF_HUB_CACHE, else HF_HOME/hub)",
+    )  # fmt: skip
+    # auto: fp32 on a CPU (the fast dtype on AVX2), the checkpoint's torch_dtype elsewhere.
+    dtype: DTypeName = flag(
+        "auto", "--dtype",
+        "weights and KV dtype; auto = float32 on a CPU, the checkpoint's dtype on CUDA",
+    )  # fmt: skip
     # None: the model's max_position_embeddings.
     max_model_len: int | None = flag(None, "--max-model-len", "context length cap")
     # Seeds the seeds drawn for requests that bring none.
@@ -75,7 +85,7 @@ class ModelConfig:
             )
         if self.dtype not in typing.get_args(DTypeName):
             raise ValueError(
-                f"dtype must be float32, float16, bfloat16 or float64, got {self.dtype!r}"
+                f"dtype must be auto, float32, float16, bfloat16 or float64, got {self.dtype!r}"
             )
         _positive("max_model_len", self.max_model_len, allow_none=True)
         _positive("num_threads", self.num_threads, allow_none=True)

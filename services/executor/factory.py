@@ -19,4 +19,4 @@ def make_executor(config: EngineConfig, served: bool = False):
         return SimExecutor(config)
     from services.executor.executor import Executor
 
-    return Executor(config, resolve_model(config.model.model))
+    return Executor(config, resolve_model(config.model.model, config.model.download_dir))

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.rank < size:
         print(f"tp_worker: rank must be in [1, {size})", file=sys.stderr)
         return 2
-    executor = Executor(config, resolve_model(config.model.model), rank=args.rank)
+    model_dir = resolve_model(config.model.model, config.model.download_dir)
+    executor = Executor(config, model_dir, rank=args.rank)
     try:
         executor.follow()
     except Exception as exc:  # noqa: BLE001 - a failed step, or rank 0 gone mid-collective
