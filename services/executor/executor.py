@@ -21,7 +21,7 @@ from services.executor.cuda_graphs import DecodeGraphs
 from services.executor.grammar import GrammarStore
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
-from services.executor.model_setup import DTYPES, eos_token_ids, max_model_len, pick_device
+from services.executor.model_setup import eos_token_ids, max_model_len, model_dtype, pick_device
 from services.executor.models import model_spec
 from services.executor.phase_timer import PhaseTimer
 from services.executor.prompt_logprobs import prompt_rows, score_prompt
@@ -75,7 +75,7 @@ class Executor:
         self.ranks = RankGroup(config, rank, self.device)
         self.shard = self.ranks.shard
         self.max_model_len = max_model_len(hf_config, config.model.max_model_len)
-        dtype = DTYPES[config.model.dtype]
+        dtype = model_dtype(config.model.dtype, hf_config, self.device)
         self.model = load_model(
             model_dir, dtype, self.max_model_len, self.ops, self.device, self.shard
         )

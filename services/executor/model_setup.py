@@ -15,6 +15,20 @@ DTYPES = {
 }
 
 
+def model_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
+    """--dtype as a torch dtype. auto: fp32 on a CPU, where half-precision matmuls are slow; on
+    other devices the dtype the checkpoint was saved in (bf16 for most), fp32 when it names
+    none we run."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    saved = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(saved, str):
+        saved = DTYPES.get(saved.removeprefix("torch."))
+    return saved if saved in (torch.float16, torch.bfloat16) else torch.float32
+
+
 def pick_device(name: str, rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
