@@ -178,7 +178,10 @@ def _at(data, dotted: str):
 
 
 # Scripts that need a served model run, at tiny sizes, in the test that checks their figure.
-SMOKED_ELSEWHERE = {"lm_eval_mc": ROOT / "tests" / "service" / "test_lm_eval.py"}
+SMOKED_ELSEWHERE = {
+    "lm_eval_mc": ROOT / "tests" / "service" / "test_lm_eval.py",
+    "load_memory": ROOT / "tests" / "service" / "test_load_memory.py",  # its figure checked there
+}
 
 
 def test_every_benchmark_script_has_a_smoke_case():
