@@ -31,12 +31,15 @@ def paged_attention(
     scale: float,
     new_key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim] this step's K
     new_value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim] this step's V
+    softcap: float | None = None,  # Gemma 2: scores become softcap * tanh(scores / softcap)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its whole cached context.
 
     Keys and values are gathered block by block through the block table; a sequence with no
     cached context (start_pos == 0) may read this step's K/V directly, the values store_kv wrote.
     """
+    if softcap:
+        return _softcapped_paged_attention(query, k_cache, v_cache, meta, scale, softcap)
     out = torch.empty_like(query)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if meta.reference is None:
@@ -81,6 +84,63 @@ def paged_attention(
             o = _grouped_attention(q, k, v, mask, scale)
         out[rows] = o.transpose(0, 1)
     return out
+
+
+def _softcapped_paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """paged_attention with soft-capped scores: SDPA cannot cap, so scores are materialised.
+    Every sequence reads its context from the cache (store_kv ran first)."""
+    if meta.reference is None:
+        raise ValueError("the reference backend needs metadata built with reference_views=True")
+    out = torch.empty_like(query)
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    views = meta.reference
+    if views.decode_rows.numel():
+        num_decodes = views.decode_blocks.shape[0]
+        flat_blocks = views.decode_blocks.reshape(-1)
+        k = k_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
+        v = v_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
+        q = query.index_select(0, views.decode_rows).unsqueeze(2)  # [B, num_heads, 1, head_dim]
+        o = _capped_attention(
+            q, k.transpose(1, 2), v.transpose(1, 2), views.decode_mask, scale, softcap
+        )
+        out[views.decode_rows] = o.squeeze(2)
+    for span in views.prefills:
+        rows = slice(span.query_start, span.query_end)
+        q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
+        q_len = q.shape[1]
+        ctx = span.start_pos + q_len
+        k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+        v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+        positions = torch.arange(ctx, device=query.device)
+        mask = positions[None, :] <= positions[:q_len, None] + span.start_pos
+        o = _capped_attention(q, k.transpose(0, 1), v.transpose(0, 1), mask, scale, softcap)
+        out[rows] = o.transpose(0, 1)
+    return out
+
+
+def _capped_attention(
+    q: torch.Tensor,  # [..., num_heads, q_len, head_dim]
+    k: torch.Tensor,  # [..., num_kv_heads, ctx, head_dim]
+    v: torch.Tensor,  # [..., num_kv_heads, ctx, head_dim]
+    mask: torch.Tensor,  # bool, broadcast to [..., num_heads, q_len, ctx]; True where seen
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [..., num_heads, q_len, head_dim]
+    """transformers' eager order: scale, cap, mask, fp32 softmax, then P.V."""
+    group = q.shape[-3] // k.shape[-3]
+    k = k.repeat_interleave(group, dim=-3)
+    v = v.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
 
 
 def _grouped_attention(

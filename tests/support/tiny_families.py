@@ -95,7 +95,25 @@ FAMILIES = {
             ),
         ),
     ),
+    # Gemma 2: GeGLU, (1 + w) norms, scaled embeddings, both soft-caps, a query scalar that is
+    # not head_dim; every other layer sliding, its window past the tiny context.
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=1.0,
+            final_logit_softcapping=3.0,
+            sliding_window=512,
+        ),
+    ),
 }
+
+
+# Gemma scales embeddings by sqrt(hidden): at this init the residual stream would drown the
+# attention output, and soft-capping would not change a single greedy token.
+_SMALL_EMBEDDINGS = ("gemma2",)
 
 
 def make_tiny_family(path: Path, name: str, seed: int = 0) -> Path:
@@ -110,6 +128,8 @@ def make_tiny_family(path: Path, name: str, seed: int = 0) -> Path:
         for module_name, param in model.named_parameters():
             if module_name.endswith("bias") or "norm" in module_name:
                 param.add_(torch.randn_like(param) * 0.3)
+        if name in _SMALL_EMBEDDINGS:
+            model.get_input_embeddings().weight.mul_(0.1)
     model.save_pretrained(path)
     make_tiny_tokenizer(VOCAB).save_pretrained(path)
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.executor.models.decoder import DecoderForCausalLM
+from services.executor.models.gemma2 import Gemma2ForCausalLM
 from services.executor.models.llama import LlamaForCausalLM, MistralForCausalLM
 from services.executor.models.phi3 import Phi3ForCausalLM
 from services.executor.models.qwen2 import Qwen2ForCausalLM
@@ -15,6 +16,7 @@ FAMILIES: tuple[type[DecoderForCausalLM], ...] = (
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
     Phi3ForCausalLM,
+    Gemma2ForCausalLM,
 )
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     name: family for family in FAMILIES for name in family.architectures

@@ -91,4 +91,17 @@ def base_spec_fields(config, architecture: str) -> dict:
         o_bias=attention_bias,
         mlp_bias=bool(getattr(config, "mlp_bias", False)),
         hidden_act=getattr(config, "hidden_act", None) or "silu",
+        sliding_windows=layer_windows(config),
     )
+
+
+def layer_windows(config) -> tuple[int | None, ...]:
+    """Each layer's attention window from the config: `layer_types` where the config has it
+    (Gemma 2, Qwen2/3), else `sliding_window` on every layer unless use_sliding_window is off."""
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    types = getattr(config, "layer_types", None)
+    if types:
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    return (window,) * config.num_hidden_layers

@@ -85,3 +85,29 @@ def test_row_parallel_biases_are_added_by_one_rank():
         placement = place(family, spec, Shard(rank, 2), "model.layers.0.self_attn.o_proj.bias")
         got = rank_slice(placement, torch.ones(32), Shard(rank, 2))
         assert torch.equal(got, torch.ones(32) if rank == 0 else torch.zeros(32))
+
+
+def test_gemma2_declares_alternating_windows_and_its_context_stops_at_the_window():
+    from transformers import Gemma2Config
+
+    from services.executor.model_setup import max_model_len
+
+    config = Gemma2Config(**{**_SHAPE, "num_hidden_layers": 4}, head_dim=8, sliding_window=16)
+    spec = model_spec(config)
+    assert spec.kv_layout().windows == (16, None, 16, None)
+    assert (spec.norm_offset, spec.embed_scale) == (1.0, 32**0.5)
+    # Sliding layers are not masked by the kernels: the context stays within the window.
+    assert max_model_len(config, None) == 16
+    with pytest.raises(ValueError, match="exceeds the model's limit of 16"):
+        max_model_len(config, 32)
+
+
+def test_soft_capping_is_refused_on_the_triton_backend():
+    from transformers import Gemma2Config
+
+    from services.executor.models.layers import Attention
+
+    spec = model_spec(Gemma2Config(**_SHAPE, head_dim=8))
+    triton_like = type("Ops", (), {"name": "triton"})()
+    with pytest.raises(ValueError, match="soft-capping .* --attention-backend torch"):
+        Attention(spec, triton_like, Shard())
