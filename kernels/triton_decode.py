@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_softcap import softcap_scores
+
 # choose_num_splits: aim for at least this many context tokens per partition (vLLM v2 uses 512;
 # a partition must be long enough that its fixed cost, and the merge, stay small) ...
 PARTITION_TOKENS = 256
@@ -42,6 +44,7 @@ def _paged_decode_kernel(
     part_max_ptr,  # [num_seqs, num_heads, num_splits] fp32 running max of the scores
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] fp32 sum of exp(score - max)
     scale,  # float: softmax scale applied to q.k
+    softcap,  # float: scores become softcap * tanh(scores / softcap) when SOFTCAP
     num_heads,  # int
     num_cache_blocks,  # int: k_cache.shape[0], to mask out-of-range block ids
     max_blocks,  # int: block_tables.shape[1]
@@ -60,6 +63,7 @@ def _paged_decode_kernel(
     SPLIT: tl.constexpr,  # num_splits > 1: write partials, not the final output
     USE_DOT: tl.constexpr,  # tl.dot (all dims >= 16 on a GPU), else multiply + tl.sum
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 data, "tf32" (exact for 16-bit data) else
+    SOFTCAP: tl.constexpr,  # cap the scores (Gemma 2); off: no extra work
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -119,6 +123,8 @@ def _paged_decode_kernel(
         else:
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         s = s * scale  # [GROUP_PAD, BLOCK_SIZE]
+        if SOFTCAP:  # before the mask: tanh would turn -inf into -softcap
+            s = softcap_scores(s, softcap)
         s = tl.where((pos < seq_len)[None, :], s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -224,6 +230,7 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int: keys 0..seq_len-1 visible (query is the last)
     scale: float,
     num_splits: int | None = None,  # split-K partitions; None: choose_num_splits
+    softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim], dtype of query
     """Decode attention of one query token per sequence over its paged K/V context.
 
@@ -292,6 +299,7 @@ def paged_decode_attention(
         part_max,
         part_sum,
         scale,
+        softcap or 1.0,
         num_heads,
         num_cache_blocks,
         max_blocks,
@@ -310,6 +318,7 @@ def paged_decode_attention(
         SPLIT=num_splits > 1,
         USE_DOT=use_dot,
         DOT_PRECISION=dot_precision,
+        SOFTCAP=bool(softcap),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](

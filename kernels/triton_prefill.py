@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_softcap import softcap_scores
+
 # Rows of one query tile: query tokens x the query heads of one GQA group. Folding the group into
 # the tile makes each K/V tile serve every head that shares it, so K/V is read once per group.
 _TILE_ROWS = 64
@@ -25,6 +27,7 @@ def _prefill_kernel(
     qsl_ptr,  # [num_seqs + 1]
     seq_lens_ptr,  # [num_seqs]
     qk_scale,  # scale * log2(e): the softmax runs in base 2
+    softcap,  # softcap * log2(e): the cap in the same base-2 units, used when SOFTCAP
     max_blocks,
     stride_qt,
     stride_qh,
@@ -51,6 +54,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
     USE_DOT: tl.constexpr,  # every tile dim >= 16; else broadcast-multiply and reduce
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,  # cap the scores (Gemma 2); off: no extra work
 ):
     seq = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -112,6 +116,8 @@ def _prefill_kernel(
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
         else:
             s = tl.sum(q[:, :, None] * k[None, :, :], axis=1)
+        if SOFTCAP:  # before the mask: tanh would turn -inf into -softcap
+            s = softcap_scores(s, softcap)
         visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
 
@@ -149,6 +155,7 @@ def paged_prefill_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int: context length after this step
     scale: float,
     max_query_len: int,  # host-side: sizes the grid
+    softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's query rows over its cached context.
 
@@ -187,6 +194,9 @@ def paged_prefill_attention(
         query_start_loc,
         seq_lens,
         scale * _LOG2E,
+        # cap * tanh(x / cap) scales with its argument: capping base-2 scores by cap * log2(e)
+        # equals capping the natural scores by cap, then converting.
+        (softcap or 1.0) * _LOG2E,
         block_tables.shape[1],
         *query.stride(),
         *k_cache.stride(),
@@ -202,5 +212,6 @@ def paged_prefill_attention(
         BLOCK_D=block_d,
         USE_DOT=use_dot,
         DOT_PRECISION=precision,
+        SOFTCAP=bool(softcap),
     )
     return out

@@ -172,11 +172,6 @@ class Attention(nn.Module):
             self.k_norm = make_norm(spec, spec.head_dim)
         self.qk_norm = spec.qk_norm
         self.scale = spec.softmax_scale
-        if spec.attn_softcap and ops.name != "torch":
-            raise ValueError(
-                f"attention soft-capping ({spec.architecture}) runs on the torch attention "
-                f"backend only, not {ops.name}: use --attention-backend torch"
-            )
         # Passed only when set, so backends without soft-capping are never asked for it.
         self.extra = {"softcap": spec.attn_softcap} if spec.attn_softcap else {}
 

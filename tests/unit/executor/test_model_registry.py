@@ -100,14 +100,3 @@ def test_gemma2_declares_alternating_windows_and_its_context_stops_at_the_window
     assert max_model_len(config, None) == 16
     with pytest.raises(ValueError, match="exceeds the model's limit of 16"):
         max_model_len(config, 32)
-
-
-def test_soft_capping_is_refused_on_the_triton_backend():
-    from transformers import Gemma2Config
-
-    from services.executor.models.layers import Attention
-
-    spec = model_spec(Gemma2Config(**_SHAPE, head_dim=8))
-    triton_like = type("Ops", (), {"name": "triton"})()
-    with pytest.raises(ValueError, match="soft-capping .* --attention-backend torch"):
-        Attention(spec, triton_like, Shard())
