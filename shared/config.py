@@ -17,6 +17,7 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
 Quantization = Literal["auto", "none", "int8", "int4"]
 KVPolicy = Literal["paged", "orca-max", "orca-pow2", "orca-oracle"]
+GenerationConfigSource = Literal["auto", "vllm"]
 ExecutorKind = Literal["model", "sim"]
 
 
@@ -45,6 +46,13 @@ class ModelConfig:
     dtype: DTypeName = flag(
         "auto", "--dtype",
         "weights and KV dtype; auto = float32 on a CPU, the checkpoint's dtype on CUDA",
+    )  # fmt: skip
+    # Sampling defaults of requests that leave them unset: auto takes the checkpoint's
+    # generation_config.json (as vLLM's --generation-config auto), vllm the built-in ones.
+    generation_config: GenerationConfigSource = flag(
+        "auto", "--generation-config",
+        "default temperature, top_p, top_k, min_p and repetition_penalty of requests that set "
+        "none: auto = the checkpoint's generation_config.json, vllm = the built-in defaults",
     )  # fmt: skip
     # None: the model's max_position_embeddings.
     max_model_len: int | None = flag(None, "--max-model-len", "context length cap")
@@ -86,6 +94,10 @@ class ModelConfig:
         if self.dtype not in typing.get_args(DTypeName):
             raise ValueError(
                 f"dtype must be auto, float32, float16, bfloat16 or float64, got {self.dtype!r}"
+            )
+        if self.generation_config not in typing.get_args(GenerationConfigSource):
+            raise ValueError(
+                f"generation_config must be auto or vllm, got {self.generation_config!r}"
             )
         _positive("max_model_len", self.max_model_len, allow_none=True)
         _positive("num_threads", self.num_threads, allow_none=True)

@@ -28,6 +28,9 @@ class ExecutorReady:
     # forward pass (the linear layers and the LM head): a prompt chunk at context c costs about
     # (1 + c / context_cost_tokens) times its context-free cost. 0: not modelled.
     context_cost_tokens: int = 0
+    # Sampling defaults from the checkpoint's generation_config.json (--generation-config auto)
+    # for requests that leave them unset: temperature, top_p, top_k, min_p, repetition_penalty.
+    default_sampling: dict[str, float] = field(default_factory=dict)
 
 
 # In a plan made while the step before it still ran (async scheduling): "the token you sampled

@@ -21,7 +21,13 @@ from services.executor.cuda_graphs import DecodeGraphs
 from services.executor.grammar import GrammarStore
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
-from services.executor.model_setup import eos_token_ids, max_model_len, model_dtype, pick_device
+from services.executor.model_setup import (
+    eos_token_ids,
+    max_model_len,
+    model_dtype,
+    pick_device,
+    sampling_defaults,
+)
 from services.executor.models import model_spec
 from services.executor.phase_timer import PhaseTimer
 from services.executor.prompt_logprobs import prompt_rows, score_prompt
@@ -88,6 +94,8 @@ class Executor:
         # This rank's KV heads of every block: one block table serves every rank.
         self.cache = KVCache(self.model.kv_layout, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = eos_token_ids(model_dir, hf_config)
+        auto = config.model.generation_config == "auto"
+        self.default_sampling = sampling_defaults(model_dir) if auto else {}
         self.model_dir = model_dir
         self.block_tables = DeviceBlockTables(-(-self.max_model_len // block_size), self.device)
         self.sampling = SamplingStates(
@@ -170,6 +178,7 @@ class Executor:
             eos_token_ids=self.eos_token_ids,
             device_type=self.device.type,
             context_cost_tokens=self.model.spec.context_cost_tokens,
+            default_sampling=self.default_sampling,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

@@ -3,6 +3,7 @@ device, the dtype, the context limit and the end-of-sequence ids."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -51,6 +52,24 @@ def max_model_len(hf_config, requested: int | None) -> int:
     if requested is not None and requested > limit:
         raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit}")
     return requested or limit
+
+
+# generation_config.json keys that are request sampling fields of the same name and meaning.
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(model_dir: Path) -> dict[str, float]:
+    """The sampling parameters the checkpoint's generation_config.json sets (only those it
+    names, as vLLM's --generation-config auto reads them; its do_sample is not consulted)."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    return {
+        key: saved[key]
+        for key in SAMPLING_DEFAULT_KEYS
+        if isinstance(saved.get(key), int | float) and not isinstance(saved[key], bool)
+    }
 
 
 def eos_token_ids(model_dir: Path, hf_config) -> tuple[int, ...]:

@@ -266,6 +266,11 @@ def _sampling(
         guided=guided_from_body(body, info.grammar_limits),
         use_beam_search=beam,
     )
+    # What the request leaves unset, the checkpoint's generation config may set (its values
+    # are checked like a request's, by SamplingParams); beam search takes none of them.
+    for name, default in ({} if beam else info.executor.default_sampling).items():
+        if values.get(name) is None:
+            values[name] = default
     # null means "the default", which SamplingParams supplies; it validates the rest itself.
     return SamplingParams(**{k: v for k, v in values.items() if v is not None})
 
