@@ -176,3 +176,54 @@ def test_langchain_structured_output_by_function_calling(stack):
     for seed in range(6):
         result = llm.bind(seed=seed).invoke("weather in paris")
         assert isinstance(result, Weather) and 0 <= result.days <= 9
+
+
+@pytest.mark.parametrize("mode_name", ["TOOLS", "JSON_SCHEMA"])
+async def test_instructor_response_models_validate(stack, mode_name):
+    """instructor's forced tool call (TOOLS) and its response_format (JSON_SCHEMA) both come back
+    as a validated pydantic object, on every seed: the grammar holds the tiny model to the schema,
+    so instructor never needs a retry (max_retries=0 would raise on the first invalid reply)."""
+    import instructor
+
+    client = instructor.from_openai(_client(stack), mode=getattr(instructor.Mode, mode_name))
+    _, model, _ = stack
+    try:
+        for seed in range(4):
+            result = await client.chat.completions.create(
+                model=model,
+                response_model=Weather,
+                messages=MESSAGES,
+                max_tokens=200,
+                seed=seed,
+                max_retries=0,
+            )
+            assert isinstance(result, Weather) and 0 <= result.days <= 9, result
+    finally:
+        await client.client.close()
+
+
+async def test_instructor_partial_stream_ends_in_the_whole_object(stack):
+    """instructor's create_partial streams growing partial objects from tool-call deltas (its
+    Partial model makes every field optional, so its schema and thus its tokens differ from the
+    plain request's); the last one is a whole valid object, the first ones lack fields."""
+    import instructor
+
+    client = instructor.from_openai(_client(stack), mode=instructor.Mode.TOOLS)
+    _, model, _ = stack
+    try:
+        partials = [
+            p.model_dump()
+            async for p in client.chat.completions.create_partial(
+                model=model,
+                response_model=Weather,
+                messages=MESSAGES,
+                max_tokens=200,
+                temperature=0,
+                max_retries=0,
+            )
+        ]
+    finally:
+        await client.client.close()
+    assert len(partials) > 1, "several partial objects arrive before the last"
+    assert None in partials[0].values(), partials[0]
+    assert Weather.model_validate(partials[-1]).model_dump() == partials[-1]
