@@ -1,7 +1,7 @@
 """fp32 GEMM rate of x @ W^T against W @ x^T for the model's linear shapes, on this CPU.
 
-Decides `FLIPPED_ROWS` in services/executor/llama.py: the row count up to which the executor
-computes linear layers as W @ x^T.
+Decides `FLIPPED_ROWS` in services/executor/models/layers.py: the row count up to which the
+executor computes linear layers as W @ x^T.
 
     .venv/bin/python benchmarks/linear_orientation.py
 """

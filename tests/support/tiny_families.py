@@ -72,12 +72,16 @@ FAMILIES = {
         dict(num_attention_heads=6, head_dim=16, tie_word_embeddings=False),
     ),
     "qwen3-tied": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True)),
-    # Phi-4-mini's partial rotary (3/4 of each head) on Phi-3's fused checkpoint layout.
+    # Phi-4-mini's partial rotary (3/4 of each head) and tied head on Phi-3's fused checkpoint
+    # layout.
     "phi3": (
         "Phi3Config",
         "Phi3ForCausalLM",
         dict(
-            rope_parameters=dict(rope_type="default", rope_theta=_THETA, partial_rotary_factor=0.75)
+            tie_word_embeddings=True,
+            rope_parameters=dict(
+                rope_type="default", rope_theta=_THETA, partial_rotary_factor=0.75
+            ),
         ),
     ),
     # longrope within its original context: the short factors, as transformers uses there.
