@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from kernels.ops import KernelOps
-from services.executor.checkpoint_reader import checkpoint_names, copy_from_checkpoint
+from services.executor.checkpoint_reader import CheckpointReader
 from services.executor.models import model_class
 from services.executor.models.checkpoint_names import Placement, place, rank_slice
 from services.executor.models.decoder import DecoderForCausalLM
@@ -54,19 +54,22 @@ def _copy_weights(
 ) -> None:
     params = dict(model.named_parameters())
     filled: Counter[str] = Counter()  # elements written per parameter, to catch missing tensors
-    for file, name in checkpoint_names(model_dir):
-        placement = _target(model, name)
-        if placement is None:
-            continue
-        target, rows = placement.param, placement.dest_rows
-        if target not in params:
-            raise KeyError(f"checkpoint tensor {name} has no place in the model ({target})")
-        dest = params[target].data
-        if rows is not None:
-            dest = dest[rows[0] : rows[1]]
-        # Sliced for this rank before anything is read or copied.
-        copy_from_checkpoint(dest, file, name, partial(_rank_slice, placement, shard=shard))
-        filled[target] += dest.numel()
+    with CheckpointReader(model_dir) as reader:
+        for tensor in reader:
+            placement = _target(model, tensor.name)
+            if placement is None:
+                continue
+            target, rows = placement.param, placement.dest_rows
+            if target not in params:
+                raise KeyError(
+                    f"checkpoint tensor {tensor.name} has no place in the model ({target})"
+                )
+            dest = params[target].data
+            if rows is not None:
+                dest = dest[rows[0] : rows[1]]
+            # Sliced for this rank before anything is read or copied.
+            reader.copy(dest, tensor, partial(_rank_slice, placement, shard=shard))
+            filled[target] += dest.numel()
     missing = sorted(p for p, t in params.items() if filled[p] != t.numel())
     if missing:
         raise ValueError(
