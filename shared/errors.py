@@ -35,7 +35,7 @@ class InvalidRequestError(PagedServeError, ValueError):
 
 
 class ModelNotFoundError(PagedServeError, FileNotFoundError):
-    """The model named by the user does not exist locally (weights are never fetched)."""
+    """The model named by the user is no local model, nor a Hub id in the cache or reachable."""
 
     http_status = 404
     error_type = "not_found_error"
