@@ -99,3 +99,14 @@ def test_a_local_directory_shaped_like_a_hub_id_stays_local(tiny_model_dir, monk
     assert resolve_model(local).resolve() == tiny_model_dir.resolve()
     assert model_name(local) == model_name(str(tiny_model_dir)) == tiny_model_dir.name
     assert model_name("org/tiny@" + OTHER) == "org/tiny"
+
+
+def test_hf_home_locates_the_cache_when_hf_hub_cache_is_unset(hub_cache, tmp_path, monkeypatch):
+    cache, _ = hub_cache
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    cache.rename(home / "hub")
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    assert resolve_model("org/tiny") == home / "hub" / "models--org--tiny" / "snapshots" / MAIN
