@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Literal
 
 import jsonschema
 import openai
@@ -91,3 +92,68 @@ def test_langchain_bind_tools_on_the_embedded_model(stack):
     # auto: whatever the model writes comes back as calls or as content, never an error.
     reply = llm.bind_tools([WEATHER]).invoke(QUESTION[0]["content"])
     assert reply.tool_calls or reply.content
+
+
+async def test_instructor_tools_mode_on_the_embedded_model(stack):
+    import instructor
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        city: str = Field(pattern="^[A-Za-z ]{1,20}$")
+        unit: Literal["celsius", "fahrenheit"]
+
+    url, model = stack
+    raw = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    client = instructor.from_openai(raw, mode=instructor.Mode.TOOLS)
+    try:
+        for seed in range(2):
+            result = await client.chat.completions.create(
+                model=model,
+                response_model=Weather,
+                messages=QUESTION,
+                max_tokens=60,
+                seed=seed,
+                max_retries=0,
+            )
+            assert isinstance(result, Weather), result
+    finally:
+        await raw.close()
+
+
+async def test_agent_calls_its_tool_then_answers_on_the_embedded_model(stack):
+    """The whole agent loop on openai-agents' default (Responses) model: the first turn must call
+    the tool, the agent runs it and asks again (tool choice back to auto), and the model's second
+    reply is the final answer."""
+    agents = pytest.importorskip("agents")
+    url, model = stack
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        cities.append(city)
+        return f"It is sunny and 21 degrees in {city}."
+
+    raw = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    agent = agents.Agent(
+        name="weather",
+        instructions="Answer the user's question in one sentence.",
+        tools=[get_weather],
+        model_settings=agents.ModelSettings(
+            tool_choice="required", parallel_tool_calls=False, max_tokens=256, temperature=0
+        ),
+    )
+    config = agents.RunConfig(
+        model=model,
+        model_provider=agents.OpenAIProvider(openai_client=raw),
+        tracing_disabled=True,
+    )
+    try:
+        result = await agents.Runner.run(agent, QUESTION[0]["content"], run_config=config)
+    finally:
+        await raw.close()
+    assert len(cities) >= 1, "the agent ran its tool"
+    kinds = [item.type for item in result.new_items]
+    assert kinds.index("tool_call_item") < kinds.index("tool_call_output_item")
+    assert kinds[-1] == "message_output_item", kinds
+    assert isinstance(result.final_output, str) and result.final_output.strip()
