@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from services.gateway.prompt_logprobs import check_streaming, completion_prompt_sampling
+from services.gateway.prompt_logprobs import (
+    check_executor_scores_prompts,
+    check_streaming,
+    completion_prompt_sampling,
+)
 from services.gateway.prompts import (
     DEFAULT_MAX_CHAT_MESSAGES,
     chat_prompt_ids,
@@ -79,6 +83,7 @@ def parse_completion_request(body: Any, info: SchedulerReady, tokenizer: Any) ->
     sampling = _sampling(body, info, max_tokens if max_tokens is not None else 16, logprobs, stream)
     sampling = completion_prompt_sampling(sampling, echo, logprobs)
     check_streaming(stream, body, prompt_only)
+    check_executor_scores_prompts(sampling, info.executor.device_type)
     return ParsedRequest(
         kind="completion",
         model=model,
@@ -138,6 +143,7 @@ def parse_chat_request(
     stream, include_usage = _stream_flags(body)
     sampling = _sampling(body, info, max_tokens, logprobs, stream)
     check_streaming(stream, body, prompt_only=False)
+    check_executor_scores_prompts(sampling, info.executor.device_type)
     if tools is not None:
         sampling = _force_tool_call(sampling, tools, info)
     return ParsedRequest(

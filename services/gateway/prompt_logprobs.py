@@ -25,6 +25,17 @@ def completion_prompt_sampling(
     return replace(sampling, prompt_logprobs=max(logprobs, sampling.prompt_logprobs or 0))
 
 
+def check_executor_scores_prompts(sampling: SamplingParams, device_type: str) -> None:
+    """The simulated executor (a modelled GPU, no weights) computes no logits, so a request for
+    prompt logprobs (echo with logprobs, vLLM's prompt_logprobs) is refused up front rather than
+    failing once the run ends without them."""
+    if sampling.prompt_logprobs is not None and device_type == "sim":
+        raise InvalidRequestError(
+            "prompt logprobs need a model, and this server runs the simulated executor",
+            param="prompt_logprobs",
+        )
+
+
 def check_streaming(stream: bool, body: dict[str, Any], prompt_only: bool) -> None:
     """vLLM's prompt_logprobs field and max_tokens 0 are answered in one JSON body only (echo
     with logprobs streams: the prompt's come in the first chunk)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -209,3 +210,15 @@ async def test_stop_strings_wait_for_min_tokens(serve, tokenizer):
     held = await (await client.post("/v1/completions", json=body | {"min_tokens": 3})).json()
     # Past min_tokens no later " the" occurs, so the whole reply comes back.
     assert held["choices"][0]["text"] == tokenizer.decode(reply_ids)
+
+
+@pytest.mark.parametrize(
+    "fields", [{"echo": True, "logprobs": 1, "max_tokens": 0}, {"prompt_logprobs": 1}]
+)
+def test_prompt_logprobs_are_refused_on_the_simulated_executor(tokenizer, fields):
+    sim = replace(INFO, executor=replace(INFO.executor, device_type="sim"))
+    body = {"model": "tiny", "prompt": "the capital", **fields}
+    parse_completion_request(body, INFO, tokenizer)  # a model computes them
+    _refused(lambda: parse_completion_request(body, sim, tokenizer), "prompt_logprobs")
+    chat = {"model": "tiny", "messages": CHAT, "prompt_logprobs": 1}
+    _refused(lambda: parse_chat_request(chat, sim, tokenizer), "prompt_logprobs")
