@@ -92,6 +92,8 @@ def test_langchain_bind_tools_on_the_embedded_model(stack):
     # auto: whatever the model writes comes back as calls or as content, never an error.
     reply = llm.bind_tools([WEATHER]).invoke(QUESTION[0]["content"])
     assert reply.tool_calls or reply.content
+    structured = llm.with_structured_output(WEATHER["function"], method="function_calling")
+    jsonschema.validate(structured.invoke(QUESTION[0]["content"]), PARAMS)
 
 
 async def test_instructor_tools_mode_on_the_embedded_model(stack):
