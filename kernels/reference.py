@@ -32,14 +32,17 @@ def paged_attention(
     new_key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim] this step's K
     new_value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim] this step's V
     softcap: float | None = None,  # Gemma 2: scores become softcap * tanh(scores / softcap)
+    window: int | None = None,  # sliding window: a query at p sees keys at positions > p - window
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its whole cached context.
 
     Keys and values are gathered block by block through the block table; a sequence with no
     cached context (start_pos == 0) may read this step's K/V directly, the values store_kv wrote.
+    With a window, prefills gather only the blocks the window reaches (earlier ones may have been
+    freed); decodes mask the rest, whose table entries may name blocks now holding other data.
     """
-    if softcap:
-        return _softcapped_paged_attention(query, k_cache, v_cache, meta, scale, softcap)
+    if softcap or window:
+        return _materialised_paged_attention(query, k_cache, v_cache, meta, scale, softcap, window)
     out = torch.empty_like(query)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if meta.reference is None:
@@ -86,20 +89,21 @@ def paged_attention(
     return out
 
 
-def _softcapped_paged_attention(
+def _materialised_paged_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
     scale: float,
-    softcap: float,
+    softcap: float | None,
+    window: int | None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """paged_attention with soft-capped scores: SDPA cannot cap, so scores are materialised.
-    Every sequence reads its context from the cache (store_kv ran first)."""
+    """paged_attention with soft-capped scores or a sliding window: SDPA cannot cap, so scores
+    are materialised. Every sequence reads its context from the cache (store_kv ran first)."""
     if meta.reference is None:
         raise ValueError("the reference backend needs metadata built with reference_views=True")
     out = torch.empty_like(query)
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
     views = meta.reference
     if views.decode_rows.numel():
         num_decodes = views.decode_blocks.shape[0]
@@ -107,19 +111,32 @@ def _softcapped_paged_attention(
         k = k_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
         v = v_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
         q = query.index_select(0, views.decode_rows).unsqueeze(2)  # [B, num_heads, 1, head_dim]
-        o = _capped_attention(
-            q, k.transpose(1, 2), v.transpose(1, 2), views.decode_mask, scale, softcap
-        )
+        mask = views.decode_mask  # [B, 1, 1, max_decode_blocks * block_size]
+        if window:
+            # The query sits at position len - 1 and sees keys at positions >= len - window.
+            lens = mask.sum(-1, keepdim=True)  # [B, 1, 1, 1]: the visible slots are a prefix
+            mask = mask & (torch.arange(mask.shape[-1], device=mask.device) >= lens - window)
+            # Blocks before the window may have been freed and reused for anything, NaN included,
+            # and a zero weight times NaN is NaN: their values are zeroed, not only masked.
+            v = v.masked_fill(~mask.view(num_decodes, -1, 1, 1), 0.0)
+        o = _capped_attention(q, k.transpose(1, 2), v.transpose(1, 2), mask, scale, softcap)
         out[views.decode_rows] = o.squeeze(2)
     for span in views.prefills:
         rows = slice(span.query_start, span.query_end)
         q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
         q_len = q.shape[1]
         ctx = span.start_pos + q_len
-        k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
-        v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
-        positions = torch.arange(ctx, device=query.device)
-        mask = positions[None, :] <= positions[:q_len, None] + span.start_pos
+        # The first query (at start_pos) sees nothing before start_pos - window + 1.
+        first_block = max(0, span.start_pos - window + 1) // block_size if window else 0
+        first = first_block * block_size
+        blocks = span.blocks[first_block:]
+        k = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[: ctx - first]
+        v = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[: ctx - first]
+        key_pos = torch.arange(first, ctx, device=query.device)
+        query_pos = torch.arange(span.start_pos, ctx, device=query.device)
+        mask = key_pos[None, :] <= query_pos[:, None]  # [q_len, ctx - first]
+        if window:
+            mask &= key_pos[None, :] > query_pos[:, None] - window
         o = _capped_attention(q, k.transpose(0, 1), v.transpose(0, 1), mask, scale, softcap)
         out[rows] = o.transpose(0, 1)
     return out
@@ -131,14 +148,15 @@ def _capped_attention(
     v: torch.Tensor,  # [..., num_kv_heads, ctx, head_dim]
     mask: torch.Tensor,  # bool, broadcast to [..., num_heads, q_len, ctx]; True where seen
     scale: float,
-    softcap: float,
+    softcap: float | None,
 ) -> torch.Tensor:  # [..., num_heads, q_len, head_dim]
     """transformers' eager order: scale, cap, mask, fp32 softmax, then P.V."""
     group = q.shape[-3] // k.shape[-3]
     k = k.repeat_interleave(group, dim=-3)
     v = v.repeat_interleave(group, dim=-3)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
 

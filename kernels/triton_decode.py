@@ -45,6 +45,7 @@ def _paged_decode_kernel(
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] fp32 sum of exp(score - max)
     scale,  # float: softmax scale applied to q.k
     softcap,  # float: scores become softcap * tanh(scores / softcap) when SOFTCAP
+    window,  # int: keys at positions >= seq_len - window are visible when WINDOW
     num_heads,  # int
     num_cache_blocks,  # int: k_cache.shape[0], to mask out-of-range block ids
     max_blocks,  # int: block_tables.shape[1]
@@ -64,6 +65,7 @@ def _paged_decode_kernel(
     USE_DOT: tl.constexpr,  # tl.dot (all dims >= 16 on a GPU), else multiply + tl.sum
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 data, "tf32" (exact for 16-bit data) else
     SOFTCAP: tl.constexpr,  # cap the scores (Gemma 2); off: no extra work
+    WINDOW: tl.constexpr,  # sliding window: skip the blocks before it, mask the rest
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -83,6 +85,11 @@ def _paged_decode_kernel(
     num_blocks = tl.minimum(tl.cdiv(seq_len, BLOCK_SIZE), max_blocks)
     start_block = split * blocks_per_split
     end_block = tl.minimum(start_block + blocks_per_split, num_blocks)
+    first_pos = 0  # the first key the query (at seq_len - 1) sees
+    if WINDOW:
+        first_pos = tl.maximum(seq_len - window, 0)
+        # Blocks wholly before the window are never read: they may have been freed and reused.
+        start_block = tl.maximum(start_block, first_pos // BLOCK_SIZE)
 
     q_offs = seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
     qd_mask = g_mask[:, None] & d_mask[None, :]
@@ -105,7 +112,7 @@ def _paged_decode_kernel(
         pos = b * BLOCK_SIZE + offs_t  # logical positions of this block's slots
         # A bad block id reads nothing. (Folded into the bound rather than `vector & scalar`,
         # which the Triton interpreter turns into an int mask that tl.load rejects.)
-        t_mask = pos < tl.where(block_ok, seq_len, 0)
+        t_mask = (pos < tl.where(block_ok, seq_len, 0)) & (pos >= first_pos)
         kv_offs = (
             block_id * stride_c_block
             + offs_t[:, None] * stride_c_slot
@@ -125,7 +132,7 @@ def _paged_decode_kernel(
         s = s * scale  # [GROUP_PAD, BLOCK_SIZE]
         if SOFTCAP:  # before the mask: tanh would turn -inf into -softcap
             s = softcap_scores(s, softcap)
-        s = tl.where((pos < seq_len)[None, :], s, float("-inf"))
+        s = tl.where(((pos < seq_len) & (pos >= first_pos))[None, :], s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old max
@@ -231,6 +238,7 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,  # split-K partitions; None: choose_num_splits
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
+    window: int | None = None,  # sliding window: keys at positions >= seq_len - window visible
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim], dtype of query
     """Decode attention of one query token per sequence over its paged K/V context.
 
@@ -300,6 +308,7 @@ def paged_decode_attention(
         part_sum,
         scale,
         softcap or 1.0,
+        window or 0,
         num_heads,
         num_cache_blocks,
         max_blocks,
@@ -319,6 +328,7 @@ def paged_decode_attention(
         USE_DOT=use_dot,
         DOT_PRECISION=dot_precision,
         SOFTCAP=bool(softcap),
+        WINDOW=bool(window),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](

@@ -21,11 +21,19 @@ def paged_attention(
     new_key: torch.Tensor | None = None,  # unused: the kernels read this step's K/V from the cache
     new_value: torch.Tensor | None = None,
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
+    window: int | None = None,  # sliding window: a query at p sees keys at positions > p - window
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     if meta.max_query_len <= 1:
         # Every sequence has one query token: the decode kernel (split-K for long contexts).
         return paged_decode_attention(
-            query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, softcap=softcap
+            query,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            scale,
+            softcap=softcap,
+            window=window,
         )
     # Mixed batches go through the prefill kernel, which handles one-token rows as well.
     return paged_prefill_attention(
@@ -38,4 +46,5 @@ def paged_attention(
         scale,
         meta.max_query_len,
         softcap=softcap,
+        window=window,
     )

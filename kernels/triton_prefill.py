@@ -28,6 +28,7 @@ def _prefill_kernel(
     seq_lens_ptr,  # [num_seqs]
     qk_scale,  # scale * log2(e): the softmax runs in base 2
     softcap,  # softcap * log2(e): the cap in the same base-2 units, used when SOFTCAP
+    window,  # int: a query at p sees keys at positions > p - window when WINDOW
     max_blocks,
     stride_qt,
     stride_qh,
@@ -55,6 +56,7 @@ def _prefill_kernel(
     USE_DOT: tl.constexpr,  # every tile dim >= 16; else broadcast-multiply and reduce
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,  # cap the scores (Gemma 2); off: no extra work
+    WINDOW: tl.constexpr,  # sliding window: start at the tile's first visible key
 ):
     seq = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -92,8 +94,13 @@ def _prefill_kernel(
 
     # Causality: the tile's last query sees keys up to its own position, nothing beyond.
     kv_end = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * BLOCK_Q)
+    kv_start = 0
+    if WINDOW:
+        # The tile's first query sees keys from its position - window + 1; earlier blocks may
+        # have been freed and reused, so they are never read.
+        kv_start = tl.maximum(seq_len - q_len + q_block * BLOCK_Q - window + 1, 0)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bts
-    for start in range(0, kv_end, BLOCK_N):
+    for start in range(kv_start, kv_end, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         col = n // BLOCK_SIZE
         # The column bound only guards a table shorter than seq_len claims (bad input).
@@ -119,6 +126,8 @@ def _prefill_kernel(
         if SOFTCAP:  # before the mask: tanh would turn -inf into -softcap
             s = softcap_scores(s, softcap)
         visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+        if WINDOW:
+            visible = visible & (n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -156,6 +165,7 @@ def paged_prefill_attention(
     scale: float,
     max_query_len: int,  # host-side: sizes the grid
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
+    window: int | None = None,  # sliding window: a query at p sees keys at positions > p - window
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's query rows over its cached context.
 
@@ -197,6 +207,7 @@ def paged_prefill_attention(
         # cap * tanh(x / cap) scales with its argument: capping base-2 scores by cap * log2(e)
         # equals capping the natural scores by cap, then converting.
         (softcap or 1.0) * _LOG2E,
+        window or 0,
         block_tables.shape[1],
         *query.stride(),
         *k_cache.stride(),
@@ -213,5 +224,6 @@ def paged_prefill_attention(
         USE_DOT=use_dot,
         DOT_PRECISION=precision,
         SOFTCAP=bool(softcap),
+        WINDOW=bool(window),
     )
     return out

@@ -43,12 +43,9 @@ def pick_device(name: str, rank: int = 0) -> torch.device:
 
 
 def max_model_len(hf_config, requested: int | None) -> int:
+    # Sliding windows (Mistral, Gemma 2) are applied by the attention kernels: a windowed model
+    # serves its whole position range.
     limit = hf_config.max_position_embeddings
-    # Mistral-style sliding windows are not implemented: stay within the window, where full
-    # attention and windowed attention agree.
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True):
-        limit = min(limit, window)
     if requested is not None and requested > limit:
         raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit}")
     return requested or limit

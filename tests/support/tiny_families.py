@@ -63,7 +63,8 @@ FAMILIES = {
             )
         ),
     ),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4096)),
+    # A window shorter than the longer test prompts: masking and block freeing both matter.
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=24)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     # Six query heads of 16 (not hidden / heads) over two KV heads.
     "qwen3": (
@@ -100,7 +101,7 @@ FAMILIES = {
         ),
     ),
     # Gemma 2: GeGLU, (1 + w) norms, scaled embeddings, both soft-caps, a query scalar that is
-    # not head_dim; every other layer sliding, its window past the tiny context.
+    # not head_dim; every other layer sliding over a window shorter than the longer prompts.
     "gemma2": (
         "Gemma2Config",
         "Gemma2ForCausalLM",
@@ -109,7 +110,34 @@ FAMILIES = {
             query_pre_attn_scalar=24,
             attn_logit_softcapping=1.0,
             final_logit_softcapping=3.0,
-            sliding_window=512,
+            sliding_window=20,
+        ),
+    ),
+    # Mixture of experts: more experts than the tokens of a decode step, top-2 renormalised.
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=8, num_experts_per_tok=2),
+    ),
+    # Every token of every layer routed to expert 0 alone (see _route_every_token_to_expert_0).
+    "mixtral-one-expert": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=4, num_experts_per_tok=1),
+    ),
+    # Sixteen experts, top-4 without renormalisation, odd head count, the first layer dense.
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            num_attention_heads=6,
+            head_dim=16,
+            num_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=32,
+            norm_topk_prob=False,
+            mlp_only_layers=[0],
+            tie_word_embeddings=True,
         ),
     ),
 }
@@ -134,9 +162,28 @@ def make_tiny_family(path: Path, name: str, seed: int = 0) -> Path:
                 param.add_(torch.randn_like(param) * 0.3)
         if name in _SMALL_EMBEDDINGS:
             model.get_input_embeddings().weight.mul_(0.1)
+        if name in _ONE_EXPERT:
+            _route_every_token_to_expert_0(model)
     model.save_pretrained(path)
     make_tiny_tokenizer(VOCAB).save_pretrained(path)
     return path
+
+
+_ONE_EXPERT = ("mixtral-one-expert",)
+_ROUTED = 0  # the hidden dimension that carries the routing signal
+
+
+def _route_every_token_to_expert_0(model) -> None:
+    """Make expert 0 win every router of a MoE model, for any token: hidden dimension _ROUTED
+    is a positive constant in every embedding that no layer writes to, and only expert 0's
+    router row reads it, with a weight no other logit comes near."""
+    model.get_input_embeddings().weight[:, _ROUTED] = 3.0
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight[_ROUTED] = 0.0
+        layer.mlp.experts.down_proj[:, _ROUTED, :] = 0.0  # [experts, hidden, width]
+        layer.post_attention_layernorm.weight[_ROUTED] = 1.0
+        layer.mlp.gate.weight[:, _ROUTED] = 0.0
+        layer.mlp.gate.weight[0, _ROUTED] = 100.0
 
 
 @functools.cache

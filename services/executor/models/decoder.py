@@ -46,6 +46,9 @@ class DecoderForCausalLM(nn.Module):
         "mlp.gate_up_proj",
         "mlp.down_proj",
     )
+    # Why --quantization int8/int4 cannot run this family (None: they can); the executor
+    # refuses with it before quantizing.
+    quantization_refusal: str | None = None
     # Checkpoint tensors that hold nothing we load (precomputed rotary frequencies).
     ignored_checkpoint_names = ("rotary_emb",)
     layer_class = DecoderLayer
@@ -71,8 +74,10 @@ class DecoderForCausalLM(nn.Module):
         local_vocab = vocab_end - self.vocab_start
         self.embed_tokens = nn.Embedding(local_vocab, spec.hidden_size)
         self.layers = nn.ModuleList(
-            self.layer_class(spec, ops, shard) for _ in range(spec.num_layers)
+            self.make_layer(spec, ops, shard, index) for index in range(spec.num_layers)
         )
+        for layer, window in zip(self.layers, spec.windows, strict=True):
+            layer.self_attn.use_window(window)
         self.norm = make_norm(spec, spec.hidden_size)
         if spec.tie_word_embeddings:
             self.lm_head = None
@@ -80,6 +85,10 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head = nn.Linear(spec.hidden_size, local_vocab, bias=False)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+
+    def make_layer(self, spec: ModelSpec, ops: KernelOps, shard: Shard, index: int) -> nn.Module:
+        """Decoder layer `index`; families whose layers differ by index override it."""
+        return self.layer_class(spec, ops, shard)
 
     @property
     def kv_layout(self) -> KVLayout:

@@ -34,8 +34,7 @@ class Gemma2DecoderLayer(nn.Module):
 
 
 class Gemma2ForCausalLM(DecoderForCausalLM):
-    # Sliding layers see only their window; the kernels attend to the whole context, so the
-    # context is capped at the window (model_setup.max_model_len), where the two agree.
+    # Sliding layers see only their window; the global layers between them keep every block.
     architectures = ("Gemma2ForCausalLM",)
     model_types = ("gemma2",)
     layer_class = Gemma2DecoderLayer

@@ -175,6 +175,12 @@ class Attention(nn.Module):
         # Passed only when set, so backends without soft-capping are never asked for it.
         self.extra = {"softcap": spec.attn_softcap} if spec.attn_softcap else {}
 
+    def use_window(self, window: int | None) -> None:
+        """This layer attends only to the last `window` positions (None: the whole context)."""
+        self.extra.pop("window", None)
+        if window:
+            self.extra["window"] = window
+
     def forward(
         self,
         x: torch.Tensor,  # [num_tokens, hidden]

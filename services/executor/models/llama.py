@@ -11,7 +11,7 @@ class LlamaForCausalLM(DecoderForCausalLM):
 
 
 class MistralForCausalLM(DecoderForCausalLM):
-    # Its sliding window is not applied by the attention kernels: model_setup.max_model_len
-    # caps the context at the window, where windowed and full attention agree.
+    # Every layer slides over the same window (sliding_window): the scheduler frees the blocks
+    # that fall out of it.
     architectures = ("MistralForCausalLM",)
     model_types = ("mistral",)

@@ -87,7 +87,7 @@ def test_row_parallel_biases_are_added_by_one_rank():
         assert torch.equal(got, torch.ones(32) if rank == 0 else torch.zeros(32))
 
 
-def test_gemma2_declares_alternating_windows_and_its_context_stops_at_the_window():
+def test_gemma2_declares_alternating_windows_and_serves_its_whole_context():
     from transformers import Gemma2Config
 
     from services.executor.model_setup import max_model_len
@@ -96,7 +96,8 @@ def test_gemma2_declares_alternating_windows_and_its_context_stops_at_the_window
     spec = model_spec(config)
     assert spec.kv_layout().windows == (16, None, 16, None)
     assert (spec.norm_offset, spec.embed_scale) == (1.0, 32**0.5)
-    # Sliding layers are not masked by the kernels: the context stays within the window.
-    assert max_model_len(config, None) == 16
-    with pytest.raises(ValueError, match="exceeds the model's limit of 16"):
-        max_model_len(config, 32)
+    # The kernels mask sliding layers, so the window no longer caps the context.
+    limit = config.max_position_embeddings
+    assert max_model_len(config, None) == limit
+    with pytest.raises(ValueError, match=f"exceeds the model's limit of {limit}"):
+        max_model_len(config, limit + 1)
