@@ -86,6 +86,9 @@ class Executor:
             model_dir, dtype, self.max_model_len, self.ops, self.device, self.shard
         )
         self.quantization = resolve_quantization(config.model.quantization, model_dir, self.device)
+        refusal = type(self.model).quantization_refusal
+        if self.quantization != "none" and refusal:
+            raise ValueError(f"--quantization {self.quantization}: {refusal}")
         # Only int4 repacks the file's own Q4_1 blocks; int8 quantizes the fp32 weights (the
         # embedding's int8 rows then equal the file's Q8_0 blocks, see
         # tests/engine/test_quantized.py).

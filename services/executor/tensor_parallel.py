@@ -67,6 +67,9 @@ def check_divisible(spec: Any, size: int) -> None:
         problems.append(f"{spec.num_kv_heads} KV heads")
     if spec.intermediate_size % size:
         problems.append(f"an MLP width of {spec.intermediate_size}")
+    moe = getattr(spec, "moe", None)
+    if moe is not None and moe.intermediate_size % size:  # each expert split as a dense MLP
+        problems.append(f"an expert MLP width of {moe.intermediate_size}")
     if spec.vocab_size % size:
         problems.append(f"a vocabulary of {spec.vocab_size}")
     if problems:

@@ -65,6 +65,8 @@ def _copy_weights(
                     f"checkpoint tensor {tensor.name} has no place in the model ({target})"
                 )
             dest = params[target].data
+            if placement.expert is not None:  # one expert's slice of a stacked weight
+                dest = dest[placement.expert]
             if rows is not None:
                 dest = dest[rows[0] : rows[1]]
             # Sliced for this rank before anything is read or copied.

@@ -5,9 +5,11 @@ from __future__ import annotations
 from services.executor.models.decoder import DecoderForCausalLM
 from services.executor.models.gemma2 import Gemma2ForCausalLM
 from services.executor.models.llama import LlamaForCausalLM, MistralForCausalLM
+from services.executor.models.mixtral import MixtralForCausalLM
 from services.executor.models.phi3 import Phi3ForCausalLM
 from services.executor.models.qwen2 import Qwen2ForCausalLM
 from services.executor.models.qwen3 import Qwen3ForCausalLM
+from services.executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from services.executor.models.spec import KVLayout, ModelSpec
 
 FAMILIES: tuple[type[DecoderForCausalLM], ...] = (
@@ -17,6 +19,8 @@ FAMILIES: tuple[type[DecoderForCausalLM], ...] = (
     Qwen3ForCausalLM,
     Phi3ForCausalLM,
     Gemma2ForCausalLM,
+    MixtralForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     name: family for family in FAMILIES for name in family.architectures

@@ -3,6 +3,7 @@ holds, worked out from the model class's declarations (packed modules, tensor-pa
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -12,6 +13,8 @@ from services.executor.models.spec import ModelSpec
 from services.executor.tensor_parallel import Shard
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+# One expert's linear of a mixture of experts: experts.N.w1 is expert N of our experts.w1.
+_EXPERT = re.compile(r"^(.+\.experts)\.(\d+)\.([^.]+)$")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class Placement:
     source_rows: tuple[tuple[int, int], ...] | None = None
     source_columns: tuple[int, int] | None = None  # row-parallel weights: input columns
     driver_only: bool = False  # row-parallel biases: added after the sum, by rank 0 alone
+    expert: int | None = None  # stacked expert weights: the expert's index along dim 0
 
 
 def _unit(spec: ModelSpec, shard: Shard, unit: str) -> tuple[int, int, int]:
@@ -40,6 +44,9 @@ def _unit(spec: ModelSpec, shard: Shard, unit: str) -> tuple[int, int, int]:
     if unit == "mlp":
         start, end = shard.span(spec.intermediate_size)
         return spec.intermediate_size, start, end
+    if unit == "moe":  # one expert's MLP width
+        start, end = shard.span(spec.moe.intermediate_size)
+        return spec.moe.intermediate_size, start, end
     raise ValueError(f"unknown tensor-parallel unit {unit!r}")
 
 
@@ -58,6 +65,15 @@ def place(model_class, spec: ModelSpec, shard: Shard, name: str) -> Placement | 
             return _vocab(spec, shard, stripped)
         return Placement(stripped, None)
     layer, module, kind = match.groups()
+    expert = _EXPERT.match(module)
+    if expert is not None:  # expert N's 2-D tensor fills slice N of our stacked weight
+        stacked = f"{expert.group(1)}.{expert.group(3)}"
+        placement = _layer_placement(model_class, spec, shard, layer, stacked, kind)
+        return dataclasses.replace(placement, expert=int(expert.group(2)))
+    return _layer_placement(model_class, spec, shard, layer, module, kind)
+
+
+def _layer_placement(model_class, spec, shard, layer: str, module: str, kind: str) -> Placement:
     parent, _, leaf = module.rpartition(".")
     packed, index = _packed_target(model_class, leaf)
     ours = f"{parent}.{packed}" if packed and parent else module

@@ -18,6 +18,17 @@ class KVLayout:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts feed-forward: each token runs `top_k` of `num_experts` gated MLPs."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # one expert's MLP width
+    renormalize: bool  # the top-k softmax weights are rescaled to sum to one (Mixtral)
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP (False)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One checkpoint's shape and the per-family switches the shared layers read."""
 
@@ -44,6 +55,7 @@ class ModelSpec:
     final_softcap: float | None = None  # Gemma 2: tanh soft-capping of the logits
     rotary_dim: int | None = None  # rotary applies to the first rotary_dim of a head; None: all
     sliding_windows: tuple[int | None, ...] = ()  # per layer; empty: every layer full context
+    moe: MoESpec | None = None  # Mixtral, Qwen3-MoE: the experts replacing the dense MLP
 
     @property
     def softmax_scale(self) -> float:
@@ -60,7 +72,10 @@ class ModelSpec:
         kv_dim = self.num_kv_heads * self.head_dim
         per_layer = self.hidden_size * (self.num_heads * self.head_dim + 2 * kv_dim)  # q, k, v
         per_layer += self.num_heads * self.head_dim * self.hidden_size  # o
-        per_layer += 3 * self.hidden_size * self.intermediate_size  # gate, up, down
+        # gate, up, down: a mixture of experts runs top_k experts' MLPs per token
+        moe = self.moe
+        width = self.intermediate_size if moe is None else moe.top_k * moe.intermediate_size
+        per_layer += 3 * self.hidden_size * width
         linear = self.num_layers * per_layer + self.hidden_size * self.vocab_size
         attention_per_context_token = 2 * self.num_layers * self.num_heads * self.head_dim
         return max(1, linear // attention_per_context_token)
