@@ -10,10 +10,15 @@ from services.engine.llm_engine import LLMEngine
 from shared.config import ParallelConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
-from tests.support.tiny_families import FAMILIES, VOCAB, hf_greedy, make_tiny_family
+from tests.support.tiny_families import (
+    TENSOR_PARALLEL_FAMILIES,
+    VOCAB,
+    hf_greedy,
+    make_tiny_family,
+)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", TENSOR_PARALLEL_FAMILIES)
 def test_family_sharded_over_two_ranks_matches_transformers(tmp_path, family):
     model_dir = make_tiny_family(tmp_path, family, seed=7)
     prompts = random_prompts([1, 17, 40], VOCAB, seed=15)

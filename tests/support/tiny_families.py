@@ -170,6 +170,8 @@ def make_tiny_family(path: Path, name: str, seed: int = 0) -> Path:
 
 
 _ONE_EXPERT = ("mixtral-one-expert",)
+# Forced routing changes nothing about how ranks split a model: its family is sharded already.
+TENSOR_PARALLEL_FAMILIES = tuple(name for name in sorted(FAMILIES) if name not in _ONE_EXPERT)
 _ROUTED = 0  # the hidden dimension that carries the routing signal
 
 
