@@ -31,6 +31,9 @@ class ExecutorReady:
     # Sampling defaults from the checkpoint's generation_config.json (--generation-config auto)
     # for requests that leave them unset: temperature, top_p, top_k, min_p, repetition_penalty.
     default_sampling: dict[str, float] = field(default_factory=dict)
+    # When every layer attends within a sliding window: the largest window in tokens, and the
+    # scheduler frees the blocks behind it. None when any layer sees the whole context.
+    sliding_window: int | None = None
 
 
 # In a plan made while the step before it still ran (async scheduling): "the token you sampled

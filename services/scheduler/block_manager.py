@@ -1,5 +1,5 @@
-"""Block tables over the device and CPU pools: allocate on demand, fork, copy-on-write, swap, and
-reuse of cached prefix blocks."""
+"""Block tables over the device and CPU pools: allocate on demand, fork, copy-on-write, swap,
+reuse of cached prefix blocks, and freeing of blocks a sliding window has left behind."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ from shared.sampling import SamplingParams
 
 # (seq_id, num_computed_tokens, num_new_tokens): one sequence's write this step.
 Write = tuple[int, int, int]
+# A table entry whose block was freed because no future query of the sequence can see it (every
+# layer's window has passed it). The entry keeps the later blocks at their logical positions;
+# the executor receives block 0 there and the kernels never read it.
+NULL_BLOCK = -1
+
+
+def real_blocks(table: list[int]) -> list[int]:
+    """The entries of a table that hold a block (not NULL_BLOCK), in logical order."""
+    return [b for b in table if b != NULL_BLOCK]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -35,8 +44,14 @@ class BlockManager:
         num_cpu_blocks: int,
         enable_prefix_caching: bool = False,
         digest_fn: DigestFn = block_digest,
+        sliding_window: int | None = None,
     ) -> None:
         self.block_size = block_size
+        # Set only when every layer of the model attends within a window (the largest one): then
+        # a query at position p reads nothing before p - sliding_window + 1, and blocks wholly
+        # before the next query's window are freed. A model with any full-context layer needs
+        # every block and leaves this None.
+        self.sliding_window = sliding_window
         # Only device blocks are cached: a swapped-out block's device copy stays findable.
         self.prefix_cache = PrefixCache(digest_fn) if enable_prefix_caching else None
         self.device = BlockPool(num_device_blocks, "device", self.prefix_cache)
@@ -78,7 +93,7 @@ class BlockManager:
     def num_blocks_of(self, seq_ids: list[int], cpu: bool = False) -> int:
         """Distinct physical blocks held by these sequences (shared blocks count once)."""
         tables = self.cpu_tables if cpu else self.tables
-        return len({b for s in seq_ids for b in tables.get(s, [])})
+        return len({b for s in seq_ids for b in tables.get(s, []) if b != NULL_BLOCK})
 
     # ---- the allocation policy's questions (paged: blocks on demand, any free block will do) --
     # The scheduler asks only these (and num_new_blocks) whether it may admit or grow a group;
@@ -114,8 +129,9 @@ class BlockManager:
         """Called once as the group is admitted (paged: nothing is reserved up front)."""
 
     def held_blocks(self, seq_id: int) -> list[int]:
-        """Device blocks this sequence holds, in logical order (reservations included)."""
-        return self.tables.get(seq_id, [])
+        """Device blocks this sequence holds, in logical order (reservations included; entries
+        freed behind a sliding window left out)."""
+        return real_blocks(self.tables.get(seq_id, []))
 
     def unusable_free_blocks(self, num_blocks: int) -> int:
         """Free blocks that cannot serve a request needing num_blocks (paged: none)."""
@@ -126,7 +142,10 @@ class BlockManager:
         """Make positions [num_computed, num_computed + num_new) writable by this sequence alone.
 
         Callers check num_new_blocks() against device.num_free first; this never fails halfway.
+        Blocks that fall out of the window are freed first (num_new_blocks does not count them
+        back: its answer stays an upper bound).
         """
+        self._free_behind_window(seq_id, num_computed)
         table = self.tables.setdefault(seq_id, [])
         end_block = cdiv(num_computed + num_new, self.block_size)
         for i in range(num_computed // self.block_size, min(end_block, len(table))):
@@ -140,10 +159,31 @@ class BlockManager:
         while len(table) < end_block:
             table.append(self.device.allocate())
 
+    def _free_behind_window(self, seq_id: int, num_computed: int) -> None:
+        """Free the blocks no query from position num_computed on can see, as vLLM v1's
+        SlidingWindowManager does: the query at num_computed sees positions from
+        num_computed - sliding_window + 1, so blocks wholly before that are done with.
+
+        Safe with a step in flight (async scheduling): a freed block can be written only by a
+        later step, which runs after the one that may still read it."""
+        table = self.tables.get(seq_id)
+        if not self.sliding_window or not table:
+            return
+        first_needed = max(0, num_computed - self.sliding_window + 1) // self.block_size
+        freed = []
+        # Entries before an already freed one were freed by an earlier call.
+        for i in range(min(first_needed, len(table)) - 1, -1, -1):
+            if table[i] == NULL_BLOCK:
+                break
+            freed.append(table[i])
+            table[i] = NULL_BLOCK
+        # The executor's copy keeps the old ids there; it never reads them, so no resend.
+        self.device.release(freed[::-1])
+
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ref += 1); writes later copy on demand."""
         table = list(self.tables[parent_id])
-        for block_id in table:
+        for block_id in real_blocks(table):
             self.device.incref(block_id)
         self.tables[child_id] = table
         self._digests[child_id] = list(self._digests.get(parent_id, []))
@@ -151,17 +191,17 @@ class BlockManager:
 
     def share_prefix(self, src_id: int, dst_id: int, num_blocks: int) -> None:
         """dst drops what it holds and shares src's first num_blocks blocks (written, full)."""
-        self.device.release(self.tables.pop(dst_id, []))
+        self.device.release(real_blocks(self.tables.pop(dst_id, [])))
         table = self.tables[src_id][:num_blocks]
-        for block_id in table:
+        for block_id in real_blocks(table):
             self.device.incref(block_id)
         self.tables[dst_id] = table
         self._synced.pop(dst_id, None)
         self._num_offered[dst_id] = 0
 
     def free(self, seq_id: int) -> None:
-        self.device.release(self.tables.pop(seq_id, []))
-        self.cpu.release(self.cpu_tables.pop(seq_id, []))
+        self.device.release(real_blocks(self.tables.pop(seq_id, [])))
+        self.cpu.release(real_blocks(self.cpu_tables.pop(seq_id, [])))
         self._synced.pop(seq_id, None)
         self._digests.pop(seq_id, None)
         self._num_offered.pop(seq_id, None)
@@ -212,6 +252,11 @@ class BlockManager:
         digests = self._digests_of(seq_id, token_ids, end)
         table = self.tables[seq_id]
         for i in range(start, end):
+            if table[i] == NULL_BLOCK:
+                # Freed behind the window before it was offered (a step planned ahead): it may
+                # hold another sequence's tokens now. Later blocks stay unreachable, since a
+                # lookup stops at the first block it misses.
+                continue
             parent = digests[i - 1] if i else None
             self.prefix_cache.add(table[i], digests[i], parent, token_ids[i * bs : (i + 1) * bs])
         self._num_offered[seq_id] = end
@@ -253,12 +298,15 @@ class BlockManager:
             # A recomputing sample may hold no blocks yet (the budget reached only its siblings).
             src_table = src_tables.pop(seq_id, [])
             for src in src_table:
+                if src == NULL_BLOCK:  # freed behind the window: nothing to move
+                    new_table.append(NULL_BLOCK)
+                    continue
                 if src in mapping:
                     dst_pool.incref(mapping[src])
                 else:
                     mapping[src] = dst_pool.allocate()
                 new_table.append(mapping[src])
-            src_pool.release(src_table)
+            src_pool.release(real_blocks(src_table))
             dst_tables[seq_id] = new_table
             self._synced.pop(seq_id, None)
         return list(mapping.items())
@@ -270,8 +318,9 @@ class BlockManager:
         synced = self._synced.get(seq_id)
         self._synced[seq_id] = len(table)
         if synced is None:
-            return list(table), True
-        return table[synced:], False
+            # Freed entries go out as block 0: a valid id, outside every window, never read.
+            return [max(b, 0) for b in table], True
+        return [max(b, 0) for b in table[synced:]], False
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self._copies = self._copies, []
@@ -282,5 +331,5 @@ class BlockManager:
         overlap = self.tables.keys() & self.cpu_tables.keys()
         if overlap:
             raise AssertionError(f"sequences {sorted(overlap)} hold device and cpu blocks at once")
-        self.device.check(Counter(b for t in self.tables.values() for b in t))
-        self.cpu.check(Counter(b for t in self.cpu_tables.values() for b in t))
+        self.device.check(Counter(b for t in self.tables.values() for b in real_blocks(t)))
+        self.cpu.check(Counter(b for t in self.cpu_tables.values() for b in real_blocks(t)))

@@ -131,11 +131,18 @@ def make_block_manager(
     num_cpu_blocks: int,
     max_seq_len: int,
     enable_prefix_caching: bool = False,
+    sliding_window: int | None = None,
 ) -> BlockManager:
-    """The block manager of a policy. Prefix caching applies to `paged` only: an Orca region is
-    private to its request and reserved whole, so there is nothing to share into."""
+    """The block manager of a policy. Prefix caching and freeing behind a sliding window apply
+    to `paged` only: an Orca region is private to its request and reserved whole."""
     if policy == "paged":
-        return BlockManager(block_size, num_device_blocks, num_cpu_blocks, enable_prefix_caching)
+        return BlockManager(
+            block_size,
+            num_device_blocks,
+            num_cpu_blocks,
+            enable_prefix_caching,
+            sliding_window=sliding_window,
+        )
     if policy not in KV_POLICIES:
         raise ValueError(f"kv_policy must be one of {', '.join(KV_POLICIES)}, got {policy!r}")
     return ContiguousBlockManager(policy, block_size, num_device_blocks, max_seq_len)

@@ -51,7 +51,8 @@ def kv_snapshot(scheduler: Scheduler, preemptions: PreemptionLog) -> KvState:
     for status, groups, tables, owners in queues:
         for group in groups:
             live = group.live_seqs()
-            blocks = {b for seq in live for b in tables.get(seq.seq_id, ())}
+            # Entries freed behind a sliding window (negative) hold no block.
+            blocks = {b for seq in live for b in tables.get(seq.seq_id, ()) if b >= 0}
             for block_id in blocks:
                 owners[block_id] = len(requests)
             requests.append(

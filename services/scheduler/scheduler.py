@@ -243,6 +243,7 @@ class Scheduler:
             ready.num_cpu_blocks,
             self.max_seq_len,
             self.config.enable_prefix_caching,
+            ready.sliding_window,
         )
 
     @property

@@ -12,8 +12,8 @@ class KVLayout:
     num_layers: int
     num_kv_heads: int  # this rank's KV heads (all of them without tensor parallelism)
     head_dim: int
-    # Per layer: the attention window in tokens, None for full context. Read by the context
-    # limit today (model_setup.max_model_len); kept per layer for mixed sliding/global models.
+    # Per layer: the attention window in tokens, None for full context; each layer's attention
+    # masks its own (mixed sliding/global models keep every block for the global layers).
     windows: tuple[int | None, ...]
 
 
@@ -79,6 +79,13 @@ class ModelSpec:
         linear = self.num_layers * per_layer + self.hidden_size * self.vocab_size
         attention_per_context_token = 2 * self.num_layers * self.num_heads * self.head_dim
         return max(1, linear // attention_per_context_token)
+
+    @property
+    def shared_window(self) -> int | None:
+        """The largest window when every layer has one (blocks behind it can be freed); None when
+        any layer attends to the whole context (Gemma 2's global layers need every block)."""
+        windows = self.windows
+        return None if None in windows else max(windows)
 
     def kv_layout(self, num_kv_heads: int | None = None) -> KVLayout:
         """The KV pool's layout; num_kv_heads: a rank's share when tensor-parallel."""
