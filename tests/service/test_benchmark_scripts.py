@@ -84,6 +84,14 @@ CASES = [
         ("device", "results.fixed.in_process.tok_per_s"),
     ),
     Case(
+        "int8_smoothing_cost",
+        lambda m, out: ["--model", str(m), "--rows", "1", "--decode-batches", "2",
+                        "--prefill-len", "16", "--repeats", "1", "--threads", "1",
+                        "--json", str(out)],
+        ("calibration_pass_s", "layers.lm_head rows=1.new_over_old",
+         "steps.decode batch=2.new_over_old"),
+    ),
+    Case(
         "kv_state_cost",
         lambda m, out: ["--blocks", "64", "--num-requests", "8", "--repeats", "1",
                         "--json", str(out)],
@@ -113,6 +121,13 @@ CASES = [
         lambda m, out: ["--model", str(m), "--num-prompts", "2", "--input-len", "8",
                         "--output-len", "4", "--threads", "1", "--output", str(out)],
         ("ours.tokens_per_s", "transformers.tokens_per_s", "identical_greedy_sequences"),
+    ),
+    Case(
+        "perplexity",
+        lambda m, out: ["--model", str(m), "--ctx", "64", "--max-chunks", "2",
+                        "--modes", "none,int8", "--num-threads", "1", "--output", str(out)],
+        ("rows.transformers fp32.perplexity", "rows.pagedserve int8.perplexity",
+         "rows.pagedserve int8.nll_diff_mean"),
     ),
     Case(
         "prefix_cache_overhead",
