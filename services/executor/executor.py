@@ -31,7 +31,11 @@ from services.executor.model_setup import (
 from services.executor.models import model_spec
 from services.executor.phase_timer import PhaseTimer
 from services.executor.prompt_logprobs import prompt_rows, score_prompt
-from services.executor.quantize_model import quantize_model, resolve_quantization
+from services.executor.quantize_model import (
+    calibration_token_ids,
+    quantize_model,
+    resolve_quantization,
+)
 from services.executor.rank_group import RankGroup
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates, start_copy
@@ -93,7 +97,12 @@ class Executor:
         # embedding's int8 rows then equal the file's Q8_0 blocks, see
         # tests/engine/test_quantized.py).
         gguf_path = source_gguf(model_dir) if self.quantization == "int4" else None
-        quantize_model(self.model, self.quantization, gguf_path)
+        calibration_ids = (
+            calibration_token_ids(model_dir, self.max_model_len)
+            if self.quantization != "none"
+            else None
+        )
+        quantize_model(self.model, self.quantization, gguf_path, calibration_ids)
         # This rank's KV heads of every block: one block table serves every rank.
         self.cache = KVCache(self.model.kv_layout, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = eos_token_ids(model_dir, hf_config)
@@ -182,7 +191,6 @@ class Executor:
             device_type=self.device.type,
             context_cost_tokens=self.model.spec.context_cost_tokens,
             default_sampling=self.default_sampling,
-            sliding_window=self.model.spec.shared_window,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

@@ -14,6 +14,15 @@ from services.executor.quantized import (
     Int8Embedding,
     Int8Linear,
 )
+from services.executor.smoothing import (
+    ALPHA,
+    CALIBRATION_TEXT,
+    CALIBRATION_TOKENS,
+    HEAD,
+    input_maxima,
+    smooth_layers,
+    smoothed_head,
+)
 from shared.model_source import is_embedded
 
 QUANTIZATIONS = ("none", "int8", "int4")
@@ -31,11 +40,18 @@ def resolve_quantization(requested: str, model_dir: Path, device: torch.device) 
 LINEAR_MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def quantize_model(model: LlamaForCausalLM, mode: str, gguf_path: Path | None = None) -> None:
+def quantize_model(
+    model: LlamaForCausalLM,
+    mode: str,
+    gguf_path: Path | None = None,
+    calibration_ids: list[int] | None = None,
+) -> None:
     """In place. int8: int8 linears (activations quantized per row). int4: int4 linears,
     repacked from the GGUF's Q4_1 blocks when `gguf_path` holds them, else quantized from the
     fp32 weights. Both keep the embedding as int8 rows (the GGUF's Q8_0 blocks when present)
-    and run the LM head as an int8 linear."""
+    and run the LM head as an int8 linear. With `calibration_ids` (calibration_token_ids), one
+    fp32 pass over them first measures the activations, and SmoothQuant factors are folded into
+    the int8 linears (int8) and the LM head (both): see smoothing.py."""
     if mode == "none":
         return
     if mode not in QUANTIZATIONS:
@@ -45,6 +61,13 @@ def quantize_model(model: LlamaForCausalLM, mode: str, gguf_path: Path | None = 
     if model.cos.device.type != "cpu":
         raise ValueError("quantized weights use CPU kernels: run with --device cpu")
     spec = model.spec
+    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    if calibration_ids:
+        maxima = input_maxima(model, calibration_ids, LINEAR_MODULES)
+        if mode == "int8":  # int4 keeps the GGUF's own blocks, which smoothing would change
+            smooth_layers(model, maxima, ALPHA)
+        smoothed = smoothed_head(model, maxima[HEAD], ALPHA)
+        head_weight = head_weight if smoothed is None else smoothed
     blocks = read_blocks(gguf_path, spec.num_heads, spec.num_kv_heads) if gguf_path else {}
     for i, layer in enumerate(model.layers):
         for name in LINEAR_MODULES:
@@ -59,13 +82,21 @@ def quantize_model(model: LlamaForCausalLM, mode: str, gguf_path: Path | None = 
             else:
                 quantized = Int8Linear(dense.weight, dense.bias)
             setattr(parent, child_name, quantized)
-    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     embedding = blocks.get("embed_tokens", [None])[0]
     if isinstance(embedding, Q8_0):
         model.embed_tokens = Int8Embedding(embedding.q, embedding.d)
     else:
         model.embed_tokens = Int8Embedding.from_float(model.embed_tokens.weight)
     model.lm_head = Int8Linear(head_weight, None)
+
+
+def calibration_token_ids(model_dir: Path, max_model_len: int) -> list[int]:
+    """The committed calibration text in the model's own tokens, at most CALIBRATION_TOKENS."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    ids = tokenizer(CALIBRATION_TEXT.read_text(), add_special_tokens=False)["input_ids"]
+    return ids[: min(CALIBRATION_TOKENS, max_model_len)]
 
 
 def _int4_from_q4_1(parts: list[Q4_1], bias: torch.Tensor | None) -> Int4Linear:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from services.executor.observed_linear import ObservedLinear
+
 GROUP_SIZE = 32  # GGUF's block length for Q4_1 and Q8_0; one of torch's int4 group sizes
 # torch's int4 CPU kernel stores w = (q - INT4_MID) * scale + zero for q in [0, 15].
 INT4_MID = 8
@@ -135,4 +137,6 @@ class Int8Embedding(nn.Module):
         return self.dequantized(input_ids)
 
 
-QUANTIZED_LINEARS = (Int8Linear, Int4Linear)
+# Modules the model calls as they are (not through its own fp32 matmul); ObservedLinear is the
+# fp32 stand-in the int8 calibration pass measures activations with.
+QUANTIZED_LINEARS = (Int8Linear, Int4Linear, ObservedLinear)
