@@ -25,6 +25,9 @@ class RequestLimits:
     @classmethod
     def of(cls, executor: ExecutorReady, max_num_seqs: int) -> RequestLimits:
         max_seq_len = min(executor.max_model_len, executor.num_device_blocks * executor.block_size)
+        if executor.sliding_window:
+            # Blocks behind the window are freed: a sequence holds its window, not its length.
+            max_seq_len = executor.max_model_len
         return cls(executor.vocab_size, max_seq_len, max_num_seqs)
 
     def check_prompt(self, prompt_token_ids: list[Any], param: str = "prompt") -> None:

@@ -45,6 +45,7 @@ class BlockManager:
         enable_prefix_caching: bool = False,
         digest_fn: DigestFn = block_digest,
         sliding_window: int | None = None,
+        max_chunk_tokens: int | None = None,
     ) -> None:
         self.block_size = block_size
         # Set only when every layer of the model attends within a window (the largest one): then
@@ -52,6 +53,9 @@ class BlockManager:
         # before the next query's window are freed. A model with any full-context layer needs
         # every block and leaves this None.
         self.sliding_window = sliding_window
+        # The most tokens one step computes for a sequence (the token budget): with a window, a
+        # sequence never holds more than the blocks its largest chunk's queries see.
+        self.max_chunk_tokens = max_chunk_tokens
         # Only device blocks are cached: a swapped-out block's device copy stays findable.
         self.prefix_cache = PrefixCache(digest_fn) if enable_prefix_caching else None
         self.device = BlockPool(num_device_blocks, "device", self.prefix_cache)
@@ -74,7 +78,9 @@ class BlockManager:
 
         A shared block with ref count r written by w of these sequences needs w copies if w < r,
         else w - 1: the last writer finds itself sole owner and writes in place. With swapped=True
-        the tables are the CPU ones (what the writes will need once swapped back in).
+        the tables are the CPU ones (what the writes will need once swapped back in). Blocks a
+        sliding window leaves behind, held by their writer alone, are freed before the new ones
+        are taken: they count back.
         """
         tables, pool = (self.cpu_tables, self.cpu) if swapped else (self.tables, self.device)
         needed = 0
@@ -83,12 +89,16 @@ class BlockManager:
             table = tables.get(seq_id, [])
             end_block = cdiv(num_computed + num_new, self.block_size)
             needed += max(0, end_block - len(table))
+            if not swapped:
+                needed -= sum(
+                    pool.ref_counts[b] == 1 for b in self._behind_window(table, num_computed)
+                )
             for i in range(num_computed // self.block_size, min(end_block, len(table))):
                 if pool.ref_counts[table[i]] > 1:
                     writers[table[i]] += 1
         for block_id, w in writers.items():
             needed += w if w < pool.ref_counts[block_id] else w - 1
-        return needed
+        return max(0, needed)
 
     def num_blocks_of(self, seq_ids: list[int], cpu: bool = False) -> int:
         """Distinct physical blocks held by these sequences (shared blocks count once)."""
@@ -108,9 +118,21 @@ class BlockManager:
         (re)computation, less the cached blocks it reuses (`reused`: seq_id -> block ids) that
         others hold. Recomputed samples or beams share the first one's full prompt blocks."""
         live = group.live_seqs()
+        held = {b for ids in (reused or {}).values() for b in ids if self.device.ref_counts[b]}
+        if self.sliding_window and self.max_chunk_tokens:
+            # Reused blocks are all taken at admission, then those behind the window freed;
+            # samples are counted unshared (an upper bound).
+            peak = cdiv(self.sliding_window - 1 + self.max_chunk_tokens, self.block_size) + 1
+            blocks = sum(
+                min(
+                    cdiv(s.num_tokens, self.block_size),
+                    peak + len((reused or {}).get(s.seq_id, [])),
+                )
+                for s in live
+            )
+            return max(0, blocks - len(held))
         shared = self.shared_prompt_blocks(group)
         blocks = sum(cdiv(s.num_tokens, self.block_size) - shared for s in live) + shared
-        held = {b for ids in (reused or {}).values() for b in ids if self.device.ref_counts[b]}
         return blocks - len(held)
 
     def shared_prompt_blocks(self, group: SequenceGroup) -> int:
@@ -167,18 +189,21 @@ class BlockManager:
         Safe with a step in flight (async scheduling): a freed block can be written only by a
         later step, which runs after the one that may still read it."""
         table = self.tables.get(seq_id)
-        if not self.sliding_window or not table:
+        if not table:
             return
-        first_needed = max(0, num_computed - self.sliding_window + 1) // self.block_size
-        freed = []
-        # Entries before an already freed one were freed by an earlier call.
-        for i in range(min(first_needed, len(table)) - 1, -1, -1):
-            if table[i] == NULL_BLOCK:
-                break
-            freed.append(table[i])
-            table[i] = NULL_BLOCK
+        freed = self._behind_window(table, num_computed)
+        for i in range(len(freed)):
+            table[i] = NULL_BLOCK  # freed entries are a prefix of the table
         # The executor's copy keeps the old ids there; it never reads them, so no resend.
-        self.device.release(freed[::-1])
+        self.device.release(real_blocks(freed))
+
+    def _behind_window(self, table: list[int], num_computed: int) -> list[int]:
+        """The table's entries wholly before the window of the query at num_computed (freed ones
+        included); none without a window."""
+        if not self.sliding_window:
+            return []
+        first_needed = max(0, num_computed - self.sliding_window + 1) // self.block_size
+        return table[:first_needed]
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ref += 1); writes later copy on demand."""

@@ -132,6 +132,7 @@ def make_block_manager(
     max_seq_len: int,
     enable_prefix_caching: bool = False,
     sliding_window: int | None = None,
+    max_chunk_tokens: int | None = None,
 ) -> BlockManager:
     """The block manager of a policy. Prefix caching and freeing behind a sliding window apply
     to `paged` only: an Orca region is private to its request and reserved whole."""
@@ -142,6 +143,7 @@ def make_block_manager(
             num_cpu_blocks,
             enable_prefix_caching,
             sliding_window=sliding_window,
+            max_chunk_tokens=max_chunk_tokens,
         )
     if policy not in KV_POLICIES:
         raise ValueError(f"kv_policy must be one of {', '.join(KV_POLICIES)}, got {policy!r}")

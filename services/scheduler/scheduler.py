@@ -244,6 +244,7 @@ class Scheduler:
             self.max_seq_len,
             self.config.enable_prefix_caching,
             ready.sliding_window,
+            self.token_budget,
         )
 
     @property

@@ -71,6 +71,45 @@ def test_a_windowed_sequence_holds_at_most_its_window_of_blocks(tmp_path, overla
     assert tokens == hf_greedy(model_dir, tuple(prompt), NEW_TOKENS)
 
 
+def test_a_windowed_sequence_longer_than_the_kv_pool_is_served(tmp_path):
+    model_dir = make_tiny_family(tmp_path, "mistral", seed=7)
+    # 12 blocks of 4 hold 48 tokens; a chunk of 16 after 23 tokens of window needs 11 blocks.
+    config = engine_config(
+        model_dir, block_size=BLOCK_SIZE, num_device_blocks=12, max_num_batched_tokens=CHUNK
+    )
+    engine = LLMEngine(config)
+    prompt = random_prompts([60], VOCAB, seed=22)[0]
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    output = engine.generate([prompt], greedy, on_step=lambda e: e.scheduler.block_manager.check())
+    assert output[0].outputs[0].token_ids == hf_greedy(model_dir, tuple(prompt), 40)
+    assert engine.scheduler.num_preemptions == 0
+
+
+def test_forked_samples_free_behind_the_window_without_changing_a_token(tmp_path):
+    # n > 1: the samples fork from the prompt's blocks, copy the shared last one on write and
+    # release the shared ones behind the window one by one. Seeded draws must not notice.
+    model_dir = make_tiny_family(tmp_path, "mistral", seed=7)
+    prompt = random_prompts([30], VOCAB, seed=23)
+    sampling = SamplingParams(n=3, max_tokens=30, temperature=1.0, seed=5, ignore_eos=True)
+    runs = []
+    for free_blocks in (True, False):
+        engine = LLMEngine(engine_config(model_dir, block_size=BLOCK_SIZE))
+        if not free_blocks:
+            engine.scheduler.block_manager.sliding_window = None  # attention is windowed still
+        most: list[int] = []
+
+        def on_step(e: LLMEngine, most: list[int] = most) -> None:
+            e.scheduler.block_manager.check()
+            most.append(e.scheduler.block_manager.device.num_used)
+
+        out = engine.generate(prompt, sampling, on_step=on_step)
+        runs.append(([o.token_ids for o in out[0].outputs], max(most)))
+    (freed_tokens, freed_most), (kept_tokens, kept_most) = runs
+    assert freed_tokens == kept_tokens
+    assert len({tuple(t) for t in freed_tokens}) == 3
+    assert freed_most < kept_most
+
+
 def test_a_model_with_full_context_layers_keeps_every_block(tmp_path):
     model_dir = make_tiny_family(tmp_path, "gemma2", seed=7)
     engine = LLMEngine(

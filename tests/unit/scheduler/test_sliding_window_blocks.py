@@ -108,3 +108,13 @@ def test_blocks_freed_before_they_were_offered_are_never_cached():
     manager.check()
     assert manager.num_cached_blocks == 1  # block 2 only
     assert manager.cached_prefix(2, tokens[:13]) == []  # the chain misses at block 0
+
+
+def test_blocks_freed_by_a_write_count_back_in_its_need():
+    manager = make_manager()
+    manager.allocate_slots(0, 0, 12)  # [0, 1, 2]
+    # Position 12 takes a new block, and its window (7..12) frees block 0: no net need.
+    assert manager.num_new_blocks([(0, 12, 1)]) == 0
+    manager.fork(0, 1)  # block 0 is shared now: freeing it returns nothing to the pool
+    assert manager.num_new_blocks([(0, 12, 1)]) == 1
+    assert make_manager(window=None).num_new_blocks([(0, 0, 12)]) == 3
