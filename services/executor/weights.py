@@ -13,7 +13,6 @@ from services.executor.checkpoint_reader import CheckpointReader
 from services.executor.models import model_class
 from services.executor.models.checkpoint_names import Placement, place, rank_slice
 from services.executor.models.decoder import DecoderForCausalLM
-from services.executor.models.layers import rope_tables
 from services.executor.models.spec import ModelSpec
 from services.executor.tensor_parallel import Shard, check_divisible
 
@@ -38,7 +37,7 @@ def load_model(
     family, architecture = model_class(config)
     spec = family.spec_from_config(config, architecture)
     check_divisible(spec, shard.size)
-    cos, sin = rope_tables(config, max_positions)
+    cos, sin = family.rope_tables(config, max_positions)
     with torch.device("meta"):
         model = family(spec, cos, sin, ops, shard)
     # Allocated once, on the device and in the target dtype: no host copy of the whole model.

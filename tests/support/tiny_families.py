@@ -140,12 +140,28 @@ FAMILIES = {
             tie_word_embeddings=True,
         ),
     ),
+    # Gemma 3 text: Gemma 2 without soft-capping, plus q/k norms; a sliding layer with its own
+    # rotary base and a global one with linear rope scaling.
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=20,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": dict(rope_type="default", rope_theta=_THETA),
+                "full_attention": dict(rope_type="linear", factor=4.0, rope_theta=1_000_000.0),
+            },
+        ),
+    ),
 }
 
 
 # Gemma scales embeddings by sqrt(hidden): at this init the residual stream would drown the
 # attention output, and soft-capping would not change a single greedy token.
-_SMALL_EMBEDDINGS = ("gemma2",)
+_SMALL_EMBEDDINGS = ("gemma2", "gemma3")
 
 
 def make_tiny_family(path: Path, name: str, seed: int = 0) -> Path:

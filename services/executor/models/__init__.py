@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.executor.models.decoder import DecoderForCausalLM
 from services.executor.models.gemma2 import Gemma2ForCausalLM
+from services.executor.models.gemma3 import Gemma3ForCausalLM
 from services.executor.models.llama import LlamaForCausalLM, MistralForCausalLM
 from services.executor.models.mixtral import MixtralForCausalLM
 from services.executor.models.phi3 import Phi3ForCausalLM
@@ -19,6 +20,7 @@ FAMILIES: tuple[type[DecoderForCausalLM], ...] = (
     Qwen3ForCausalLM,
     Phi3ForCausalLM,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
     MixtralForCausalLM,
     Qwen3MoeForCausalLM,
 )

@@ -12,7 +12,7 @@ from torch import nn
 
 from kernels.metadata import AttentionMetadata
 from kernels.ops import KernelOps
-from services.executor.models.layers import DecoderLayer, linear_weight, make_norm
+from services.executor.models.layers import DecoderLayer, linear_weight, make_norm, rope_tables
 from services.executor.models.spec import KVLayout, ModelSpec, base_spec_fields
 from services.executor.quantized import QUANTIZED_LINEARS
 from services.executor.tensor_parallel import Shard
@@ -57,6 +57,12 @@ class DecoderForCausalLM(nn.Module):
     def spec_from_config(cls, config, architecture: str) -> ModelSpec:
         """The family's spec; subclasses add or refuse their config's switches."""
         return ModelSpec(**base_spec_fields(config, architecture))
+
+    @classmethod
+    def rope_tables(cls, config, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [max_positions, rotary_dim] fp32, the model's `cos`/`sin` buffers; a
+        family with several rotary tables lays them side by side in the last dim."""
+        return rope_tables(config, max_positions)
 
     # ---- the model ------------------------------------------------------------------------
     def __init__(

@@ -27,11 +27,16 @@ ACTIVATIONS = {
 }
 
 
-def rope_tables(config, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_positions, rotary_dim] in fp32, computed as transformers computes them."""
+def rope_tables(
+    config, max_positions: int, layer_type: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [max_positions, rotary_dim] in fp32, computed as transformers computes them.
+    layer_type: for configs whose rope_parameters are per layer type (Gemma 3), that type's."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None:
+        params = params[layer_type]
     rope_type = params.get("rope_type", "default")
     if rope_type == "dynamic":
         raise ValueError(
@@ -63,7 +68,7 @@ def rope_tables(config, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         scaling = 1.0
     else:
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
     freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq.float()[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, rotary_dim]
     return emb.cos() * scaling, emb.sin() * scaling

@@ -101,3 +101,30 @@ def test_gemma2_declares_alternating_windows_and_serves_its_whole_context():
     assert max_model_len(config, None) == limit
     with pytest.raises(ValueError, match=f"exceeds the model's limit of {limit}"):
         max_model_len(config, limit + 1)
+
+
+def test_gemma3_declares_its_windows_q_k_norms_and_two_rotary_tables():
+    from transformers import Gemma3TextConfig
+
+    from services.executor.models.gemma3 import Gemma3ForCausalLM
+
+    rope = {
+        "sliding_attention": dict(rope_type="default", rope_theta=10_000.0),
+        "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1_000_000.0),
+    }
+    shape = {**_SHAPE, "num_hidden_layers": 6}
+    config = Gemma3TextConfig(**shape, head_dim=8, sliding_window=16, rope_parameters=rope)
+    family, _ = model_class(config)  # by model_type gemma3_text
+    spec = model_spec(config)
+    assert family is Gemma3ForCausalLM
+    assert spec.windows == (16,) * 5 + (None,)  # every sixth layer global
+    assert spec.qk_norm and spec.norm_offset == 1.0 and spec.shared_window is None
+    cos, _ = Gemma3ForCausalLM.rope_tables(config, 32)
+    global_cos, local_cos = cos.chunk(2, dim=-1)
+    assert torch.equal(global_cos, rope_tables(config, 32, "full_attention")[0])
+    assert torch.equal(local_cos, rope_tables(config, 32, "sliding_attention")[0])
+    # Position 1's first frequency: 1 rad locally, 1/8 rad under the global linear scaling.
+    assert local_cos[1, 0].item() == pytest.approx(torch.cos(torch.tensor(1.0)).item())
+    assert global_cos[1, 0].item() == pytest.approx(torch.cos(torch.tensor(1 / 8)).item())
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        model_spec(Gemma3TextConfig(**shape, head_dim=8, use_bidirectional_attention=True))
