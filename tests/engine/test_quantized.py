@@ -150,3 +150,65 @@ def test_embedded_gguf_blocks_equal_the_converted_fp32_weights():
         embed = blocks["embed_tokens"][0]
         dense = Int8Embedding(embed.q, embed.d).dequantized()
         assert torch.equal(dense, f.get_tensor("model.embed_tokens.weight"))
+
+
+def test_smoothing_folds_into_the_model_without_changing_its_logits(tiny_model_dir):
+    # The factors divide the norms' weights and v/up rows and multiply the next weights: the
+    # fp32 model must compute the same logits, so that int8 alone changes anything.
+    from torch import nn
+
+    from kernels.ops import select_ops
+    from services.executor.quantize_model import LINEAR_MODULES, calibration_token_ids
+    from services.executor.smoothing import (
+        HEAD,
+        input_maxima,
+        prefill_hidden,
+        smooth_layers,
+        smoothed_head,
+    )
+    from services.executor.weights import load_model
+
+    model = load_model(tiny_model_dir, torch.float32, 512, select_ops("torch", "cpu"), "cpu")
+    ids = calibration_token_ids(tiny_model_dir, 512)[:96]
+    before = model.compute_logits(prefill_hidden(model, ids))
+    maxima = input_maxima(model, ids, LINEAR_MODULES)
+    assert isinstance(model.layers[0].mlp.down_proj, nn.Linear)  # observers removed again
+    smooth_layers(model, maxima, alpha=0.5)
+    weight = smoothed_head(model, maxima[HEAD], alpha=0.5)
+    model.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    model.lm_head.weight.data = weight
+    after = model.compute_logits(prefill_hidden(model, ids))
+    assert not torch.equal(model.layers[0].input_layernorm.weight, torch.ones(64))
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-4 * before.abs().max().item())
+
+
+# The CPU default's quality cost, held to a margin: per-token mean NLL over the first 512 tokens
+# of the perplexity benchmark's text (benchmarks/perplexity.py; docs/benchmarks.md), at most
+# 0.01 nats above fp32's (a perplexity ratio of exp(0.01) = 1.01). Deterministic on a CPU.
+DEFAULT_NLL_MARGIN = 0.01
+
+
+@pytest.mark.slow
+def test_cpu_default_stays_within_its_nll_margin_of_fp32():
+    from pathlib import Path
+
+    from services.engine.llm_engine import LLMEngine
+    from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+    from shared.sampling import SamplingParams
+
+    text = Path(__file__).parents[2] / "benchmarks" / "data" / "pride_and_prejudice_ch1-6.txt"
+    sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
+    nll = {}
+    for mode in ("none", "auto"):
+        config = EngineConfig(
+            model=ModelConfig(quantization=mode, device="cpu"),
+            cache=CacheConfig(kv_cache_bytes=GiB // 16, swap_space_bytes=0),
+            scheduler=SchedulerConfig(enable_prefix_caching=False),
+        )
+        with LLMEngine(config) as engine:
+            if mode == "auto":
+                assert isinstance(engine.executor.model.lm_head, Int8Linear)
+            ids = engine.tokenizer(text.read_text(), add_special_tokens=False)["input_ids"]
+            (output,) = engine.generate([ids[:512]], sampling)
+        nll[mode] = -torch.tensor([t.logprob for t in output.prompt_logprobs.tokens]).mean()
+    assert nll["auto"] - nll["none"] <= DEFAULT_NLL_MARGIN, nll
