@@ -107,17 +107,17 @@ def _materialised_paged_attention(
     views = meta.reference
     if views.decode_rows.numel():
         num_decodes = views.decode_blocks.shape[0]
-        flat_blocks = views.decode_blocks.reshape(-1)
+        blocks, mask = views.decode_blocks, views.decode_mask
+        if window:
+            blocks, mask = _window_blocks(blocks, mask, window, block_size)
+        flat_blocks = blocks.reshape(-1)
         k = k_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
         v = v_cache.index_select(0, flat_blocks).view(num_decodes, -1, num_kv_heads, head_dim)
         q = query.index_select(0, views.decode_rows).unsqueeze(2)  # [B, num_heads, 1, head_dim]
-        mask = views.decode_mask  # [B, 1, 1, max_decode_blocks * block_size]
         if window:
-            # The query sits at position len - 1 and sees keys at positions >= len - window.
-            lens = mask.sum(-1, keepdim=True)  # [B, 1, 1, 1]: the visible slots are a prefix
-            mask = mask & (torch.arange(mask.shape[-1], device=mask.device) >= lens - window)
-            # Blocks before the window may have been freed and reused for anything, NaN included,
-            # and a zero weight times NaN is NaN: their values are zeroed, not only masked.
+            # The first gathered block may start before the window, and a block it holds may
+            # have been reused for anything, NaN included: a zero weight times NaN is NaN, so the
+            # values there are zeroed, not only masked.
             v = v.masked_fill(~mask.view(num_decodes, -1, 1, 1), 0.0)
         o = _capped_attention(q, k.transpose(1, 2), v.transpose(1, 2), mask, scale, softcap)
         out[views.decode_rows] = o.squeeze(2)
@@ -140,6 +140,27 @@ def _materialised_paged_attention(
         o = _capped_attention(q, k.transpose(0, 1), v.transpose(0, 1), mask, scale, softcap)
         out[rows] = o.transpose(0, 1)
     return out
+
+
+def _window_blocks(
+    blocks: torch.Tensor,  # [B, max_decode_blocks] int64 block ids of each decode, padded
+    mask: torch.Tensor,  # [B, 1, 1, max_decode_blocks * block_size] bool, the visible prefix
+    window: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [B, n] block ids, [B, 1, 1, n * block_size] mask
+    """Each decode's blocks from the first its window reaches: n = ceil(window / block_size) + 1
+    (or fewer) per row instead of the whole table, so a long context costs a window's gather."""
+    num_decodes, max_blocks = blocks.shape
+    lens = mask.sum(-1).view(num_decodes, 1)  # [B, 1]: the query sits at position len - 1
+    first = (lens - window).clamp(min=0) // block_size  # [B, 1] first block the window reaches
+    n = min(max_blocks, -(-window // block_size) + 1)
+    index = first + torch.arange(n, device=blocks.device)  # [B, n]
+    in_table = index < max_blocks  # the window's end passes some shorter rows' tables
+    picked = blocks.gather(1, index.clamp(max=max_blocks - 1))
+    slot = torch.arange(block_size, device=blocks.device)
+    pos = (index[:, :, None] * block_size + slot).view(num_decodes, -1)  # [B, n * block_size]
+    visible = (pos < lens) & (pos >= lens - window) & in_table.repeat_interleave(block_size, 1)
+    return picked, visible.view(num_decodes, 1, 1, -1)
 
 
 def _capped_attention(

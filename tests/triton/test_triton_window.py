@@ -96,6 +96,11 @@ def test_decode_kernel_windows_like_the_reference(num_splits, window, softcap):
     )
     scale = 0.3
     expected = _expected(query, k_cache, v_cache, meta, scale, window, softcap)
+    # The reference gathers each decode's blocks from the first its window reaches.
+    got_reference = reference.paged_attention(
+        query, pk, pv, freed, scale, softcap=softcap, window=window
+    )
+    torch.testing.assert_close(got_reference, expected, atol=1e-5, rtol=1e-5)
     out = paged_decode_attention(
         *_to(query, pk, pv, freed.block_tables, freed.seq_lens),
         scale,
