@@ -83,13 +83,15 @@ def _paged_decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     # Clamp to the table width so a seq_len the table cannot hold never reads past a row.
     num_blocks = tl.minimum(tl.cdiv(seq_len, BLOCK_SIZE), max_blocks)
-    start_block = split * blocks_per_split
-    end_block = tl.minimum(start_block + blocks_per_split, num_blocks)
     first_pos = 0  # the first key the query (at seq_len - 1) sees
+    first_block = 0
     if WINDOW:
         first_pos = tl.maximum(seq_len - window, 0)
         # Blocks wholly before the window are never read: they may have been freed and reused.
-        start_block = tl.maximum(start_block, first_pos // BLOCK_SIZE)
+        # The splits share out the blocks from the window's first on, not the whole table.
+        first_block = first_pos // BLOCK_SIZE
+    start_block = first_block + split * blocks_per_split
+    end_block = tl.minimum(start_block + blocks_per_split, num_blocks)
 
     q_offs = seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
     qd_mask = g_mask[:, None] & d_mask[None, :]
@@ -244,7 +246,8 @@ def paged_decode_attention(
 
     Matches kernels.reference.paged_attention on a decode-only batch. block_size must be a
     power of two; head_dim may be anything (padded to a power of two inside the kernel).
-    num_splits is clamped to max_blocks (more partitions than blocks would all be empty).
+    num_splits is clamped to max_blocks, or with a window to the blocks it spans (more
+    partitions than blocks would all be empty).
     A sequence with seq_len 0 gets a zero output.
     """
     num_seqs, num_heads, head_dim = query.shape
@@ -272,10 +275,13 @@ def paged_decode_attention(
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens.contiguous()
 
+    # Blocks one sequence's query reads: with a window, at most the ceil(window / block) + 1 it
+    # spans, wherever in the table they lie.
+    span = min(max_blocks, triton.cdiv(window, block_size) + 1) if window else max_blocks
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_blocks, block_size)
-    num_splits = min(num_splits, max_blocks)
-    blocks_per_split = triton.cdiv(max_blocks, num_splits)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, span, block_size)
+    num_splits = min(num_splits, span)
+    blocks_per_split = triton.cdiv(span, num_splits)
 
     group = num_heads // num_kv_heads
     group_pad, head_dim_pad, use_dot = tile_config(group, head_dim, block_size)
