@@ -79,8 +79,8 @@ class BlockManager:
         A shared block with ref count r written by w of these sequences needs w copies if w < r,
         else w - 1: the last writer finds itself sole owner and writes in place. With swapped=True
         the tables are the CPU ones (what the writes will need once swapped back in). Blocks a
-        sliding window leaves behind, held by their writer alone, are freed before the new ones
-        are taken: they count back.
+        sliding window leaves behind, held by their writer alone, are freed before that write's
+        new ones are taken: they count back against that write's need.
         """
         tables, pool = (self.cpu_tables, self.cpu) if swapped else (self.tables, self.device)
         needed = 0
@@ -88,17 +88,20 @@ class BlockManager:
         for seq_id, num_computed, num_new in writes:
             table = tables.get(seq_id, [])
             end_block = cdiv(num_computed + num_new, self.block_size)
-            needed += max(0, end_block - len(table))
+            missing = max(0, end_block - len(table))
             if not swapped:
-                needed -= sum(
-                    pool.ref_counts[b] == 1 for b in self._behind_window(table, num_computed)
-                )
+                # Only this write's own allocation can use what it frees: the writes are
+                # allocated one after another, and an earlier one must not count on a later's.
+                behind = real_blocks(self._behind_window(table, num_computed))
+                freed = sum(pool.ref_counts[b] == 1 for b in behind)
+                missing = max(0, missing - freed)
+            needed += missing
             for i in range(num_computed // self.block_size, min(end_block, len(table))):
                 if pool.ref_counts[table[i]] > 1:
                     writers[table[i]] += 1
         for block_id, w in writers.items():
             needed += w if w < pool.ref_counts[block_id] else w - 1
-        return max(0, needed)
+        return needed
 
     def num_blocks_of(self, seq_ids: list[int], cpu: bool = False) -> int:
         """Distinct physical blocks held by these sequences (shared blocks count once)."""
@@ -140,6 +143,10 @@ class BlockManager:
         common, also after a recompute; 0 for a single sequence, and for sequences that must be
         fed their whole prompt (needs_history: a new executor may have to learn it)."""
         if len(group.seqs) < 2 or needs_history(group) or len(group.live_seqs()) < 2:
+            return 0
+        if self.sliding_window:
+            # The first sample frees prompt blocks behind its window as it goes on, which the
+            # others, starting at the prompt's end, may still need: each computes its own.
             return 0
         return group.seqs[0].prompt_len // self.block_size
 

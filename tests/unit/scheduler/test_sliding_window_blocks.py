@@ -117,4 +117,17 @@ def test_blocks_freed_by_a_write_count_back_in_its_need():
     assert manager.num_new_blocks([(0, 12, 1)]) == 0
     manager.fork(0, 1)  # block 0 is shared now: freeing it returns nothing to the pool
     assert manager.num_new_blocks([(0, 12, 1)]) == 1
+    manager.free(1)
+    manager.allocate_slots(0, 12, 1)  # [N, 1, 2, 3]
+    # Position 16 needs a new block and frees block 1; the freed entry counts for nothing.
+    assert manager.num_new_blocks([(0, 16, 1)]) == 0
     assert make_manager(window=None).num_new_blocks([(0, 0, 12)]) == 3
+
+
+def test_one_writes_freed_blocks_never_pay_for_another_writes_blocks():
+    manager = make_manager()
+    manager.allocate_slots(0, 0, 4)  # position 4 will need a new block and free none
+    manager.allocate_slots(1, 0, 16)  # position 14 will need none and free two (0..7)
+    assert manager.num_new_blocks([(1, 14, 1)]) == 0
+    # Allocated in turn, seq 0 takes its block before seq 1 frees any: 1, not -1 or 0.
+    assert manager.num_new_blocks([(0, 4, 1), (1, 14, 1)]) == 1
