@@ -26,8 +26,10 @@ serve: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/pagedserve generate --input examples/prompts.jsonl --output -
 
+# Two workers: much of the suite waits on the processes it starts. Tests that share a served
+# stack stay on one worker (tests/conftest.py groups them); --durations shows where time goes.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # The fast tier: tests/unit and tests/engine, no process started, no Triton interpreter
 # (tests/triton), no embedded model (marked slow). `make test` runs every tier (CI).

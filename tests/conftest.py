@@ -33,6 +33,24 @@ from tests.support.reference_model import (
 pytest_plugins = ["tests.support.gateway_fixtures"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config, items) -> None:
+    """`make test` spreads tests over two xdist workers one by one, except those that share a
+    module- or class-scoped fixture (a served stack, mostly): a module's such tests form a
+    group that one worker runs, so its stack starts once. Session fixtures start once per
+    worker."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None or item.get_closest_marker("xdist_group"):
+            continue
+        shared = any(
+            fixturedefs[-1].scope in ("module", "class", "package")
+            for fixturedefs in fixtures.name2fixturedefs.values()
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), vocab_size=VOCAB)

@@ -1,4 +1,5 @@
-"""Fixtures of the service tier: a running `pagedserve serve` stack shared by a test module."""
+"""Fixtures of the service tier: a running `pagedserve serve` stack shared by the modules that
+ask for it (a stack start costs several seconds of CPU: processes, imports, model load)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from tests.service.stack_process import ServeProcess
 NUM_BLOCKS = 256
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack(tiny_model_dir, tmp_path_factory):
-    """A running stack; yields (base_url, model_name, plan_log_path)."""
+    """A running stack; yields (base_url, model_name, plan_log_path). Tests leave it idle (every
+    request ended, every block free) and read its counters as differences."""
     plan_log = tmp_path_factory.mktemp("stack") / "plans.jsonl"
     serve = ServeProcess(
         tiny_model_dir,
