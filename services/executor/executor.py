@@ -102,7 +102,7 @@ class Executor:
             if self.quantization != "none"
             else None
         )
-        quantize_model(self.model, self.quantization, gguf_path, calibration_ids)
+        quantize_model(self.model, self.quantization, gguf_path, calibration_ids, model_dir)
         # This rank's KV heads of every block: one block table serves every rank.
         self.cache = KVCache(self.model.kv_layout, config.cache, dtype, self.device, self.ops)
         self.eos_token_ids = eos_token_ids(model_dir, hf_config)
@@ -191,7 +191,6 @@ class Executor:
             device_type=self.device.type,
             context_cost_tokens=self.model.spec.context_cost_tokens,
             default_sampling=self.default_sampling,
-            sliding_window=self.model.spec.shared_window,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

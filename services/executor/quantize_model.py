@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.executor.calibration_cache import cached_maxima
 from services.executor.gguf_blocks import Q4_1, Q8_0, read_blocks
 from services.executor.llama import LlamaForCausalLM
 from services.executor.quantized import (
@@ -45,13 +46,15 @@ def quantize_model(
     mode: str,
     gguf_path: Path | None = None,
     calibration_ids: list[int] | None = None,
+    model_dir: Path | None = None,
 ) -> None:
     """In place. int8: int8 linears (activations quantized per row). int4: int4 linears,
     repacked from the GGUF's Q4_1 blocks when `gguf_path` holds them, else quantized from the
     fp32 weights. Both keep the embedding as int8 rows (the GGUF's Q8_0 blocks when present)
     and run the LM head as an int8 linear. With `calibration_ids` (calibration_token_ids), one
     fp32 pass over them first measures the activations, and SmoothQuant factors are folded into
-    the int8 linears (int8) and the LM head (both): see smoothing.py."""
+    the int8 linears (int8) and the LM head (both): see smoothing.py. `model_dir`: where the
+    weights came from, the key of the embedded model's cached maxima (calibration_cache.py)."""
     if mode == "none":
         return
     if mode not in QUANTIZATIONS:
@@ -63,7 +66,11 @@ def quantize_model(
     spec = model.spec
     head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     if calibration_ids:
-        maxima = input_maxima(model, calibration_ids, LINEAR_MODULES)
+        maxima = cached_maxima(
+            model_dir,
+            calibration_ids,
+            lambda: input_maxima(model, calibration_ids, LINEAR_MODULES),
+        )
         if mode == "int8":  # int4 keeps the GGUF's own blocks, which smoothing would change
             smooth_layers(model, maxima, ALPHA)
         smoothed = smoothed_head(model, maxima[HEAD], ALPHA)
