@@ -61,6 +61,14 @@ def llama_server_argv(binary: str, gguf: str, port: int, threads: int, args) -> 
     ]  # fmt: skip
 
 
+def _source_commit(directory: str) -> dict:
+    """A source tree and the commit it holds, for the record."""
+    found = subprocess.run(
+        ["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return {"dir": directory, "commit": found.stdout.strip() or None}
+
+
 def make_trace(args, run: int, vocab_size: int) -> list[TraceRequest]:
     # New prompts every run: a server that caches prompts (llama-server keeps each slot's last
     # prompt) must not answer a repeated run from its cache.
@@ -77,13 +85,20 @@ def make_trace(args, run: int, vocab_size: int) -> list[TraceRequest]:
 class Server:
     """One server process, started idle; measured in turns with the others."""
 
-    def __init__(self, label: str, argv: list[str], url: str | None, log_path: Path) -> None:
-        """url None: a `pagedserve serve --port 0`, whose ready line names the port it bound."""
-        print(f"== {label}: {shlex.join(argv)}", flush=True)
+    def __init__(
+        self, label: str, argv: list[str], url: str | None, log_path: Path, cwd: str | None = None
+    ) -> None:
+        """url None: a `pagedserve serve --port 0`, whose ready line names the port it bound.
+        cwd: a source tree to run it from (`python -m` imports the tree in its working
+        directory before the installed one, and the processes it starts inherit it)."""
+        where = f" (from {cwd})" if cwd else ""
+        print(f"== {label}: {shlex.join(argv)}{where}", flush=True)
         self.label, self.argv, self.url, self.runs = label, argv, url, []
         self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, start_new_session=True, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(
+            argv, start_new_session=True, stdout=self.log, stderr=self.log, cwd=cwd
+        )
 
     def wait_ready(self, timeout_s: float) -> None:
         if self.url is None:
@@ -125,6 +140,14 @@ def main() -> None:
         metavar="LABEL=ARGS",
         help="a pagedserve configuration to run (repeatable); default: defaults=''",
     )
+    parser.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="run the pagedserve configuration LABEL from the source tree DIR (e.g. a git "
+        "worktree of an earlier commit), to compare code versions in one run",
+    )
     parser.add_argument("--no-pagedserve", action="store_true", help="run llama-server only")
     parser.add_argument("--llama-server", default=None, help="path of a llama-server binary")
     parser.add_argument("--gguf", default=None, help="GGUF for llama-server (default: embedded)")
@@ -151,6 +174,7 @@ def main() -> None:
         args.tokenizer or resolve_model(None), local_files_only=True
     )
     configs = [c.split("=", 1) for c in (args.pagedserve or ["defaults="])]
+    sources = dict(s.split("=", 1) for s in args.source)
     if args.no_pagedserve:
         configs = []
     servers: list[Server] = []
@@ -160,7 +184,8 @@ def main() -> None:
         for label, extra in configs:
             argv = pagedserve_argv(0, args.threads, extra)  # port 0: the server picks one
             log = Path(f"{log_prefix}.{label}.log")
-            servers.append(Server(f"pagedserve {label}", argv, None, log))
+            cwd = sources.get(label)
+            servers.append(Server(f"pagedserve {label}", argv, None, log, cwd=cwd))
         if args.llama_server:
             port = free_port()
             gguf = args.gguf or str(embedded_gguf_path())
@@ -198,6 +223,7 @@ def main() -> None:
             "threads": args.threads,
             "warmup": args.warmup,
             "runs": args.runs,
+            "sources": {label: _source_commit(d) for label, d in sources.items()},
         },
         "argv": sys.argv,
         "cpu": os.cpu_count(),
