@@ -191,6 +191,7 @@ class Executor:
             device_type=self.device.type,
             context_cost_tokens=self.model.spec.context_cost_tokens,
             default_sampling=self.default_sampling,
+            sliding_window=self.model.spec.shared_window,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
