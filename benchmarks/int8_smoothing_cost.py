@@ -26,11 +26,7 @@ import torch
 from kernels.metadata import build_attention_metadata
 from kernels.ops import select_ops
 from services.executor.model_setup import max_model_len
-from services.executor.quantize_model import (
-    LINEAR_MODULES,
-    calibration_token_ids,
-    quantize_model,
-)
+from services.executor.quantize_model import calibration_token_ids, quantize_model
 from services.executor.quantized import Int8Linear
 from services.executor.smoothing import ALPHA, HEAD, factors, head_weight, input_maxima
 from services.executor.weights import load_model
@@ -58,10 +54,10 @@ def layer_rows(model, maxima: dict, rows: list[int], repeats: int) -> dict:
     layer = model.layers[0]
     weights = {
         name: getattr(getattr(layer, name.split(".")[0]), name.split(".")[1]).weight.detach()
-        for name in LINEAR_MODULES
+        for name in type(model).quantizable_modules
     }
     weights[HEAD] = head_weight(model)
-    keys = {name: f"layers.0.{name}" for name in LINEAR_MODULES} | {HEAD: HEAD}
+    keys = {name: f"layers.0.{name}" for name in type(model).quantizable_modules} | {HEAD: HEAD}
     results = {}
     for name, weight in weights.items():
         s = factors(maxima[keys[name]], weight.abs().amax(dim=0), ALPHA)
@@ -128,7 +124,7 @@ def main() -> None:
     new = load_model(model_dir, torch.float32, 2 * context + args.prefill_len, ops, "cpu")
     calibration = calibration_token_ids(model_dir, context + args.prefill_len)
     start = time.perf_counter()
-    maxima = input_maxima(new, calibration, LINEAR_MODULES)
+    maxima = input_maxima(new, calibration, type(new).quantizable_modules)
     calibration_s = time.perf_counter() - start
     report = {
         "threads": args.threads,

@@ -14,16 +14,30 @@ import torch
 
 BLOCK = 32  # values per Q4_1 / Q8_0 block
 
-# GGUF tensor name within a layer -> (our module, index of its part in a fused weight).
-_LAYER_TENSORS = {
-    "attn_q": ("self_attn.qkv_proj", 0),
-    "attn_k": ("self_attn.qkv_proj", 1),
-    "attn_v": ("self_attn.qkv_proj", 2),
-    "attn_output": ("self_attn.o_proj", 0),
-    "ffn_gate": ("mlp.gate_up_proj", 0),
-    "ffn_up": ("mlp.gate_up_proj", 1),
-    "ffn_down": ("mlp.down_proj", 0),
+# GGUF tensor name within a layer (llama.cpp's naming) -> the checkpoint module it holds; the
+# model's packed_modules_mapping then says which of our (fused) modules, and which part of it.
+GGUF_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
+
+
+def fused_module(
+    checkpoint_module: str, packed_modules_mapping: dict[str, tuple[str, ...]]
+) -> tuple[str, int]:
+    """("self_attn.k_proj", {"qkv_proj": ("q_proj", "k_proj", "v_proj")}) ->
+    ("self_attn.qkv_proj", 1): our module and the index of its part; unpacked modules keep
+    their name, part 0."""
+    parent, leaf = checkpoint_module.rsplit(".", 1)
+    for fused, parts in packed_modules_mapping.items():
+        if leaf in parts:
+            return f"{parent}.{fused}", parts.index(leaf)
+    return checkpoint_module, 0
 
 
 @dataclass
@@ -77,9 +91,15 @@ def _unpermute_rows(rows: int, num_heads: int) -> np.ndarray:
     return index.swapaxes(2, 1).reshape(rows)
 
 
-def read_blocks(gguf_path: Path, num_heads: int, num_kv_heads: int) -> dict[str, list]:
+def read_blocks(
+    gguf_path: Path,
+    num_heads: int,
+    num_kv_heads: int,
+    packed_modules_mapping: dict[str, tuple[str, ...]],
+) -> dict[str, list]:
     """Our parameter name -> the parts of its (fused) weight in order, each Q4_1 or Q8_0;
-    only tensors stored in those two types are returned."""
+    only tensors stored in those two types are returned. `packed_modules_mapping`: the model
+    family's (models/decoder.py), which fuses the checkpoint's modules."""
     from gguf import GGMLQuantizationType, GGUFReader
 
     readers = {GGMLQuantizationType.Q4_1: read_q4_1, GGMLQuantizationType.Q8_0: read_q8_0}
@@ -92,9 +112,9 @@ def read_blocks(gguf_path: Path, num_heads: int, num_kv_heads: int) -> dict[str,
             parts.setdefault("embed_tokens", {})[0] = readers[tensor.tensor_type](tensor.data)
             continue
         fields = name.split(".")
-        if len(fields) != 3 or fields[0] != "blk" or fields[2] not in _LAYER_TENSORS:
+        if len(fields) != 3 or fields[0] != "blk" or fields[2] not in GGUF_LAYER_TENSORS:
             continue
-        module, index = _LAYER_TENSORS[fields[2]]
+        module, index = fused_module(GGUF_LAYER_TENSORS[fields[2]], packed_modules_mapping)
         raw = np.asarray(tensor.data)
         if fields[2] in ("attn_q", "attn_k"):
             heads = num_heads if fields[2] == "attn_q" else num_kv_heads

@@ -9,7 +9,7 @@ from torch import nn
 
 from services.executor.calibration_cache import cached_maxima
 from services.executor.gguf_blocks import Q4_1, Q8_0, read_blocks
-from services.executor.llama import LlamaForCausalLM
+from services.executor.models.decoder import DecoderForCausalLM
 from services.executor.quantized import (
     Int4Linear,
     Int8Embedding,
@@ -38,11 +38,8 @@ def resolve_quantization(requested: str, model_dir: Path, device: torch.device) 
     return EMBEDDED_CPU_DEFAULT if device.type == "cpu" and is_embedded(model_dir) else "none"
 
 
-LINEAR_MODULES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-
-
 def quantize_model(
-    model: LlamaForCausalLM,
+    model: DecoderForCausalLM,
     mode: str,
     gguf_path: Path | None = None,
     calibration_ids: list[int] | None = None,
@@ -64,20 +61,26 @@ def quantize_model(
     if model.cos.device.type != "cpu":
         raise ValueError("quantized weights use CPU kernels: run with --device cpu")
     spec = model.spec
+    family = type(model)  # its declarations name the linears and how the checkpoint packs them
+    linear_modules = family.quantizable_modules
     head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     if calibration_ids:
         maxima = cached_maxima(
             model_dir,
             calibration_ids,
-            lambda: input_maxima(model, calibration_ids, LINEAR_MODULES),
+            lambda: input_maxima(model, calibration_ids, linear_modules),
         )
         if mode == "int8":  # int4 keeps the GGUF's own blocks, which smoothing would change
             smooth_layers(model, maxima, ALPHA)
         smoothed = smoothed_head(model, maxima[HEAD], ALPHA)
         head_weight = head_weight if smoothed is None else smoothed
-    blocks = read_blocks(gguf_path, spec.num_heads, spec.num_kv_heads) if gguf_path else {}
+    blocks = (
+        read_blocks(gguf_path, spec.num_heads, spec.num_kv_heads, family.packed_modules_mapping)
+        if gguf_path
+        else {}
+    )
     for i, layer in enumerate(model.layers):
-        for name in LINEAR_MODULES:
+        for name in linear_modules:
             parent_name, child_name = name.split(".")
             parent = getattr(layer, parent_name)
             dense: nn.Linear = getattr(parent, child_name)

@@ -138,9 +138,13 @@ def test_embedded_gguf_blocks_equal_the_converted_fp32_weights():
     from safetensors import safe_open
 
     from services.executor.gguf_blocks import read_blocks
+    from services.executor.models.llama import LlamaForCausalLM
     from shared.model_source import embedded_gguf_path, resolve_model
 
-    blocks = read_blocks(embedded_gguf_path(), num_heads=9, num_kv_heads=3)
+    packed = LlamaForCausalLM.packed_modules_mapping
+    blocks = read_blocks(
+        embedded_gguf_path(), num_heads=9, num_kv_heads=3, packed_modules_mapping=packed
+    )
     with safe_open(str(resolve_model(None) / "model.safetensors"), "pt") as f:
         names = ["q_proj", "k_proj", "v_proj"]
         for part, name in zip(blocks["layers.5.self_attn.qkv_proj"], names):
@@ -158,7 +162,7 @@ def test_smoothing_folds_into_the_model_without_changing_its_logits(tiny_model_d
     from torch import nn
 
     from kernels.ops import select_ops
-    from services.executor.quantize_model import LINEAR_MODULES, calibration_token_ids
+    from services.executor.quantize_model import calibration_token_ids
     from services.executor.smoothing import (
         HEAD,
         input_maxima,
@@ -171,7 +175,7 @@ def test_smoothing_folds_into_the_model_without_changing_its_logits(tiny_model_d
     model = load_model(tiny_model_dir, torch.float32, 512, select_ops("torch", "cpu"), "cpu")
     ids = calibration_token_ids(tiny_model_dir, 512)[:96]
     before = model.compute_logits(prefill_hidden(model, ids))
-    maxima = input_maxima(model, ids, LINEAR_MODULES)
+    maxima = input_maxima(model, ids, type(model).quantizable_modules)
     assert isinstance(model.layers[0].mlp.down_proj, nn.Linear)  # observers removed again
     smooth_layers(model, maxima, alpha=0.5)
     weight = smoothed_head(model, maxima[HEAD], alpha=0.5)
