@@ -19,9 +19,10 @@ CONTENDED_NEW_TOKENS = 40
 
 @functools.cache
 def hf_model(model_dir: Path):
-    from transformers import LlamaForCausalLM
+    """transformers' own model of the checkpoint's architecture (any registered family)."""
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def hf_generate(model_dir: Path, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:

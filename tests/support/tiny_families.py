@@ -3,12 +3,12 @@ and model classes, with transformers' greedy continuation as the reference."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import torch
 
 from services.bench.random_models import make_tiny_tokenizer
+from tests.support.reference_model import hf_generate
 
 VOCAB = 384
 # Shared by every family: GQA (2 KV heads for 4 query heads) and a wide init, so greedy choices
@@ -218,23 +218,5 @@ def _route_every_token_to_expert_0(model) -> None:
         layer.mlp.gate.weight[0, _ROUTED] = 100.0
 
 
-@functools.cache
-def _hf_model(model_dir: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-def hf_greedy(model_dir: Path, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
-    """transformers' generate(do_sample=False) continuation of `prompt`."""
-    with torch.inference_mode():
-        out = _hf_model(model_dir).generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+# transformers' generate(do_sample=False) continuation of a prompt: the families' reference.
+hf_greedy = hf_generate
