@@ -171,15 +171,23 @@ def _capped_attention(
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:  # [..., num_heads, q_len, head_dim]
-    """transformers' eager order: scale, cap, mask, fp32 softmax, then P.V."""
-    group = q.shape[-3] // k.shape[-3]
-    k = k.repeat_interleave(group, dim=-3)
-    v = v.repeat_interleave(group, dim=-3)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    """transformers' eager order: scale, cap, mask, fp32 softmax, then P.V. Each KV head's query
+    heads are folded into its rows, as in _grouped_attention, so K and V are read per KV head
+    instead of being copied to every query head."""
+    *lead, num_heads, q_len, head_dim = q.shape
+    num_kv_heads = k.shape[-3]
+    group = num_heads // num_kv_heads
+    # Query head h uses KV head h // group: heads [j*group, (j+1)*group) become KV head j's rows.
+    q_rows = q.reshape(*lead, num_kv_heads, group * q_len, head_dim)
+    # The mask does not vary by head ([..., 1, q_len, ctx] or [q_len, ctx]): tile it over the
+    # group's rows.
+    mask_rows = mask.repeat(*([1] * (mask.dim() - 2)), group, 1)
+    scores = torch.matmul(q_rows, k.transpose(-1, -2)) * scale
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
+    scores = scores.masked_fill(~mask_rows, float("-inf"))
+    o = torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
+    return o.reshape(*lead, num_heads, q_len, head_dim)
 
 
 def _grouped_attention(
