@@ -89,7 +89,7 @@ class BlockManager:
             table = tables.get(seq_id, [])
             end_block = cdiv(num_computed + num_new, self.block_size)
             missing = max(0, end_block - len(table))
-            if not swapped:
+            if self.sliding_window and not swapped:
                 # Only this write's own allocation can use what it frees: the writes are
                 # allocated one after another, and an earlier one must not count on a later's.
                 behind = real_blocks(self._behind_window(table, num_computed))
@@ -171,8 +171,8 @@ class BlockManager:
         """Make positions [num_computed, num_computed + num_new) writable by this sequence alone.
 
         Callers check num_new_blocks() against device.num_free first; this never fails halfway.
-        Blocks that fall out of the window are freed first (num_new_blocks does not count them
-        back: its answer stays an upper bound).
+        Blocks that fall out of the window are freed first (num_new_blocks counted them back
+        against this write's own need).
         """
         self._free_behind_window(seq_id, num_computed)
         table = self.tables.setdefault(seq_id, [])
@@ -349,10 +349,11 @@ class BlockManager:
         table = self.tables[seq_id]
         synced = self._synced.get(seq_id)
         self._synced[seq_id] = len(table)
-        if synced is None:
+        delta = list(table) if synced is None else table[synced:]
+        if self.sliding_window:
             # Freed entries go out as block 0: a valid id, outside every window, never read.
-            return [max(b, 0) for b in table], True
-        return [max(b, 0) for b in table[synced:]], False
+            delta = [max(b, 0) for b in delta]
+        return delta, synced is None
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self._copies = self._copies, []
