@@ -112,11 +112,21 @@ class DecoderForCausalLM(nn.Module):
         if self.spec.embed_scale != 1.0:
             # Gemma scales by sqrt(hidden) rounded to the activations' dtype, as transformers.
             h = h * torch.tensor(self.spec.embed_scale, dtype=h.dtype)
-        cos = self.cos[positions].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, rotary_dim]
+        cos = self.cos[positions].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, table width]
         sin = self.sin[positions].to(h.dtype).unsqueeze(1)
+        rotary = self.layer_rotary(cos, sin)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv_cache[i], meta)
+            h = layer(h, *rotary[i], kv_cache[i], meta)
         return h
+
+    def layer_rotary(
+        self,
+        cos: torch.Tensor,  # [num_tokens, 1, table width]: this step's rows of rope_tables
+        sin: torch.Tensor,  # [num_tokens, 1, table width]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:  # per layer, each [num_tokens, 1, rotary_dim]
+        """Each layer's (cos, sin); one table serves every layer unless a family's
+        rope_tables holds several (Gemma 3: global and sliding layers)."""
+        return [(cos, sin)] * len(self.layers)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [.., hidden]
         if self.shard.size == 1:

@@ -8,7 +8,6 @@ import dataclasses
 
 import torch
 
-from kernels.metadata import AttentionMetadata
 from services.executor.models.gemma2 import Gemma2DecoderLayer, Gemma2ForCausalLM
 from services.executor.models.layers import rope_tables
 from services.executor.models.spec import ModelSpec
@@ -39,22 +38,14 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         local_cos, local_sin = rope_tables(config, max_positions, LOCAL)
         return torch.cat((global_cos, local_cos), -1), torch.cat((global_sin, local_sin), -1)
 
-    def forward(
+    def layer_rotary(
         self,
-        input_ids: torch.Tensor,  # [num_tokens]
-        positions: torch.Tensor,  # [num_tokens]
-        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:  # [num_tokens, hidden], before the final norm
-        h = self._embed(input_ids)
-        # sqrt(hidden) rounded to the activations' dtype, as transformers scales.
-        h = h * torch.tensor(self.spec.embed_scale, dtype=h.dtype)
-        # Each [num_tokens, 1, rotary_dim]: global layers' halves first (rope_tables above).
-        global_cos, local_cos = self.cos[positions].to(h.dtype).unsqueeze(1).chunk(2, dim=-1)
-        global_sin, local_sin = self.sin[positions].to(h.dtype).unsqueeze(1).chunk(2, dim=-1)
-        for i, layer in enumerate(self.layers):
-            if self.spec.windows[i] is None:
-                h = layer(h, global_cos, global_sin, kv_cache[i], meta)
-            else:
-                h = layer(h, local_cos, local_sin, kv_cache[i], meta)
-        return h
+        cos: torch.Tensor,  # [num_tokens, 1, 2 * rotary_dim]: global halves first (rope_tables)
+        sin: torch.Tensor,  # [num_tokens, 1, 2 * rotary_dim]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        global_cos, local_cos = cos.chunk(2, dim=-1)
+        global_sin, local_sin = sin.chunk(2, dim=-1)
+        return [
+            (global_cos, global_sin) if window is None else (local_cos, local_sin)
+            for window in self.spec.windows
+        ]
