@@ -19,6 +19,7 @@ Quantization = Literal["auto", "none", "int8", "int4"]
 KVPolicy = Literal["paged", "orca-max", "orca-pow2", "orca-oracle"]
 GenerationConfigSource = Literal["auto", "vllm"]
 ExecutorKind = Literal["model", "sim"]
+SpeculativeMethod = Literal["ngram", "draft"]
 
 
 def _positive(name: str, value: int | float | None, allow_none: bool = False) -> None:
@@ -228,6 +229,55 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: proposals verified in one target step, rejected slots rolled back."""
+
+    # None: off. ngram proposes from the request's own tokens (services/scheduler/
+    # ngram_proposer.py); draft runs --draft-model in the executor.
+    method: SpeculativeMethod | None = flag(
+        None, "--speculative-method",
+        "propose tokens and verify them in one step: ngram (prompt lookup in the request's own "
+        "tokens) or draft (a smaller model of the same tokenizer, --draft-model); default: off",
+    )  # fmt: skip
+    num_tokens: int = flag(
+        3, "--num-speculative-tokens", "tokens proposed per speculating sequence and step"
+    )
+    # As vLLM's prompt_lookup_min/max: the longest suffix of n in [min, max] tokens that occurs
+    # earlier in the request wins.
+    ngram_min: int = flag(1, "--ngram-min", "shortest n-gram the ngram proposer matches")
+    ngram_max: int = flag(4, "--ngram-max", "longest n-gram the ngram proposer matches")
+    # A verification step costs K+1 query rows per sequence: worth it while the step is bound
+    # by reading the weights (small batches), not once the batch itself fills the step.
+    max_batch: int = flag(
+        4, "--speculative-max-batch",
+        "speculate only while the running batch has at most this many sequences",
+    )  # fmt: skip
+    draft_model: str | None = flag(
+        None, "--draft-model",
+        "the draft model of --speculative-method draft: a local HF directory, .gguf file or "
+        "Hub id sharing the target's tokenizer",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.method is not None and self.method not in typing.get_args(SpeculativeMethod):
+            raise ValueError(f"speculative method must be ngram or draft, got {self.method!r}")
+        if self.method == "draft" and self.draft_model is None:
+            raise ValueError("--speculative-method draft needs --draft-model (the draft model)")
+        _positive("num_speculative_tokens", self.num_tokens)
+        _positive("ngram_min", self.ngram_min)
+        _positive("ngram_max", self.ngram_max)
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"ngram_min ({self.ngram_min}) must be at most ngram_max ({self.ngram_max})"
+            )
+        _positive("speculative_max_batch", self.max_batch)
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None
+
+
+@dataclass(frozen=True)
 class GrammarConfig:
     """Structured output: the time a grammar may take to compile (its request then ends with an
     error; the compile worker is killed), the compiled grammars the executor keeps, and the size
@@ -318,6 +368,7 @@ class EngineConfig:
     cache: CacheConfig = section("KV cache", CacheConfig)
     scheduler: SchedulerConfig = section("scheduler", SchedulerConfig)
     grammar: GrammarConfig = section("structured output", GrammarConfig)
+    speculative: SpeculativeConfig = section("speculative decoding", SpeculativeConfig)
     # sim: services/executor/sim.py
     executor: ExecutorKind = flag(
         "model", "--executor",

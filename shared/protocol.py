@@ -40,6 +40,10 @@ class ExecutorReady:
 # for this sequence in the previous step", which only the executor knows yet.
 PENDING_TOKEN = -1
 
+# In a speculating sequence's token_ids: a proposal slot that the executor's draft model fills in
+# before the target model runs (--speculative-method draft); the scheduler cannot know it.
+DRAFT_TOKEN = -2
+
 
 @dataclass
 class PromptTargets:
@@ -71,6 +75,11 @@ class ScheduledSeq:
     prompt_len: int | None = None
     # Prompt logprobs: the prompt tokens this chunk's rows score; None (most plans) costs a byte.
     prompt_targets: PromptTargets | None = None
+    # Speculative decoding: the last num_spec_tokens entries of token_ids are proposed tokens
+    # (or DRAFT_TOKEN slots) to verify, token_ids = [last real token, d1 .. dK], sample=True.
+    # The executor returns 1 .. num_spec_tokens + 1 tokens for the sequence: the accepted
+    # proposals, then the corrected (or bonus) token.
+    num_spec_tokens: int = 0
 
 
 @dataclass
@@ -110,10 +119,16 @@ class PromptLogprobs:
 @dataclass
 class StepResult:
     step_id: int
-    tokens: list[SampledToken]  # one per sampled sequence, plan order, children after parent
+    # One per sampled sequence, plan order, children after parent; a speculating sequence
+    # (num_spec_tokens > 0) gets 1 .. num_spec_tokens + 1 consecutive entries: its accepted
+    # proposals in order, then the corrected or bonus token.
+    tokens: list[SampledToken]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per executor phase
     error: str | None = None  # set when the step failed; the scheduler ends its requests
     prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # plan order
+    # Speculative decoding, this step: proposed tokens verified, and those accepted.
+    num_proposed: int = 0
+    num_accepted: int = 0
 
 
 # ---- scheduler <-> gateway --------------------------------------------------------------------
