@@ -39,17 +39,20 @@ from services.executor.quantize_model import (
 from services.executor.rank_group import RankGroup
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates, start_copy
-from services.executor.step_in_flight import StepInFlight
+from services.executor.spec_verify import verify
+from services.executor.step_in_flight import SpecRows, StepInFlight
 from services.executor.tensor_parallel import check_divisible
 from services.executor.weights import load_hf_config, load_model
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
 from shared.model_source import source_gguf
 from shared.protocol import (
+    DRAFT_TOKEN,
     PENDING_TOKEN,
     CompileGrammar,
     ExecutorReady,
     GrammarCompiled,
+    SampledToken,
     StepPlan,
     StepResult,
 )
@@ -123,6 +126,10 @@ class Executor:
         )
         self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
         self._latest: StepInFlight | None = None  # the last launched step, until collected
+        # --speculative-method draft: fills DRAFT_TOKEN slots before the forward pass
+        # (fill(seqs) -> {seq_id: draft_probs [K, vocab]} or None) and learns how much of its
+        # own KV stays valid after verification (accepted(seq_id, num_valid_positions)).
+        self.draft = None
         self.graphs = self._capture_graphs(config)
 
     def _capture_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
@@ -235,7 +242,12 @@ class Executor:
                 tokens = self.sampling.records(flight.draws, flight.copy, flight.params)
             timings = flight.timer.seconds()
             timings["records"] = time.perf_counter() - start
+            accepted = 0
+            if flight.spec:
+                tokens, accepted = self._verified(flight, tokens)
             flight.result = StepResult(flight.step_id, tokens, timings)
+            flight.result.num_proposed = sum(len(r.proposals) for r in flight.spec)
+            flight.result.num_accepted = accepted
             if flight.prompt is not None:
                 flight.result.prompt_logprobs = flight.prompt.records()
             for token in tokens:
@@ -245,6 +257,40 @@ class Executor:
         except Exception as exc:  # noqa: BLE001 - as in launch()
             flight.result = self._failure(flight.step_id, exc)
         return flight.result
+
+    def _verified(
+        self, flight: StepInFlight, tokens: list[SampledToken]
+    ) -> tuple[list[SampledToken], int]:
+        """The draws with each speculating sequence's K + 1 draws replaced by what verification
+        keeps of them (its accepted proposals, then the corrected or bonus token), and the
+        number of proposals accepted."""
+        out: list[SampledToken] = []
+        at = accepted = 0
+        filtered = flight.copy.output.filtered if flight.copy is not None else None
+        for rows in flight.spec:
+            out.extend(tokens[at : rows.first_draw])
+            end = rows.first_draw + len(rows.proposals) + 1
+            draws = tokens[rows.first_draw : end]
+            span = slice(rows.first_draw, end)
+            kept = verify(
+                [t.token_id for t in draws],
+                rows.proposals,
+                rows.draft_probs,
+                filtered[span] if filtered is not None else None,
+                flight.rng_keys[span] if flight.rng_keys is not None else None,
+                rows.greedy,
+            )
+            for i, token_id in enumerate(kept):
+                token = draws[i]
+                if token.token_id != token_id:  # a residual draw: its logprob is not the draw's
+                    token = SampledToken(rows.seq_id, token_id)
+                out.append(token)
+            accepted += len(kept) - 1
+            if self.draft is not None:
+                self.draft.accepted(rows.seq_id, rows.start_pos + len(kept))
+            at = end
+        out.extend(tokens[at:])
+        return out, accepted
 
     def _prompt_top_k(self, seq_id: int) -> int:
         """Top logprobs per prompt token the sequence asked for (rank 0 alone knows)."""
@@ -342,12 +388,19 @@ class Executor:
                     self.sampling.add(seq.seq_id, seq.sampling, seq.sample_index, seq.prompt_len)
             self.block_tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
             if driver:
-                self.sampling.observe(seq.seq_id, seq.token_ids, seq.start_pos, seq.sample)
+                # Proposed tokens are not the sequence's until verified: the next plan feeds
+                # the accepted ones.
+                real = seq.token_ids[: len(seq.token_ids) - seq.num_spec_tokens]
+                self.sampling.observe(seq.seq_id, real, seq.start_pos, seq.sample)
         timer.mark("cache_ops")
         if not plan.seqs:  # cache moves only: collect() reads the timer once they are done
             timer.mark("sync_out")
             return StepInFlight(plan.step_id, timer=timer)
 
+        draft_probs = {}
+        if self.draft is not None and driver and _has_draft_slots(plan):
+            # Tensor parallelism with a draft model is not supported: only rank 0 fills.
+            draft_probs = self.draft.fill(plan.seqs) or {}
         inputs = build_inputs(
             plan.seqs,
             self.block_tables.rows([s.seq_id for s in plan.seqs]),
@@ -355,17 +408,38 @@ class Executor:
             reference_views=self.ops.name == "torch",
         )
         draws = []
+        spec: list[SpecRows] = []
         sampling_seqs = [seq for seq in plan.seqs if seq.sample]
-        for row, seq in enumerate(sampling_seqs):
+        row = 0  # logits row of the sequence's (first) draw
+        for seq in sampling_seqs:
             for index, child_id in enumerate(seq.fork_seq_ids, start=1):
                 # Known from now on; its first plan entry carries its whole table.
                 self.block_tables.register(child_id)
                 if driver:
                     self.sampling.fork(seq.seq_id, child_id, index)
-            if driver:
+            k = seq.num_spec_tokens
+            if driver and k:
+                # One draw per verified position, each keyed as that token's plain draw.
+                params = self.sampling.seqs[seq.seq_id].params
+                proposals = seq.token_ids[-k:]
+                spec.append(
+                    SpecRows(
+                        seq.seq_id,
+                        len(draws),
+                        seq.start_pos,
+                        proposals,
+                        params.greedy,
+                        draft_probs.get(seq.seq_id),
+                    )
+                )
+                draws.extend(Draw(row + i, seq.seq_id, offset=i) for i in range(k + 1))
+            elif driver:
                 draws.append(Draw(row, seq.seq_id))
                 draws.extend(Draw(row, child_id) for child_id in seq.fork_seq_ids)
+            row += k + 1
         batch = self.sampling.build(draws) if draws else None
+        if batch is not None and any(r.draft_probs is not None for r in spec):
+            batch.want_filtered = True
         if fills:  # inputs the previous step is still sampling: read from its device tensor
             at, rows = host_to_device(torch.tensor(fills, dtype=torch.int64).T, self.device)
             inputs.input_ids[at] = source[rows]
@@ -391,6 +465,9 @@ class Executor:
             output = sample(logits, batch) if batch is not None else None
         timer.mark("sample")
         flight = StepInFlight(plan.step_id, draws, timer, prompt=prompt if driver else None)
+        flight.spec = spec
+        if batch is not None and batch.want_filtered:
+            flight.rng_keys = batch.rng_keys
         if output is not None:
             # The step's one host synchronisation, waited for in collect(): sampled ids (and
             # asked-for logprobs) only.
@@ -402,3 +479,10 @@ class Executor:
         # between now and its collect() (the next step, launched meanwhile) is not its own.
         timer.mark("sync_out")
         return flight
+
+
+def _has_draft_slots(plan: StepPlan) -> bool:
+    """Whether a speculating sequence of the plan carries DRAFT_TOKEN slots to fill."""
+    return any(
+        s.num_spec_tokens and DRAFT_TOKEN in s.token_ids[-s.num_spec_tokens :] for s in plan.seqs
+    )

@@ -16,8 +16,9 @@ class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens] int64, sequences back to back
     positions: torch.Tensor  # [num_tokens] int64
     attention: AttentionMetadata
-    # [num_sampling_seqs] int64: flat row of the last token of each sampling seq, plan order;
-    # logits row i therefore belongs to the i-th sampling seq of the plan.
+    # [num_logits_rows] int64: flat row of the last token of each sampling seq, plan order, and
+    # for a speculating seq its last num_spec_tokens + 1 rows (one per verified position); the
+    # logits rows follow the same order.
     logits_rows: torch.Tensor
 
 
@@ -37,10 +38,15 @@ def build_inputs(
         block_size,
         reference_views,
     )
-    sampling = torch.tensor([i for i, s in enumerate(seqs) if s.sample], dtype=torch.int64)
+    rows = []
+    end = 0
+    for s in seqs:
+        end += len(s.token_ids)
+        if s.sample:
+            rows.extend(range(end - 1 - s.num_spec_tokens, end))
     return ModelInputs(
         input_ids=host_to_device(torch.tensor(input_ids, dtype=torch.int64), device),
         positions=attention.positions,
         attention=attention,
-        logits_rows=attention.query_start_loc[1:][host_to_device(sampling, device)] - 1,
+        logits_rows=host_to_device(torch.tensor(rows, dtype=torch.int64), device),
     )

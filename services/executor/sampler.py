@@ -57,6 +57,8 @@ class SamplingBatch:
     # for the rows in grammar_rows ([G] int64); other rows are unconstrained.
     grammar_bitmask: torch.Tensor | None = None
     grammar_rows: list[int] | None = None
+    # Speculative decoding with draft probabilities: keep the logits each row raced over.
+    want_filtered: bool = False
 
 
 @dataclass
@@ -65,6 +67,9 @@ class SamplerOutput:
     logprobs: torch.Tensor | None = None  # [B] fp32 logprob of the sampled token
     top_ids: torch.Tensor | None = None  # [B, k] int64
     top_logprobs: torch.Tensor | None = None  # [B, k] fp32
+    # [B, vocab] fp32 the logits each row's draw raced over (after every filter and the
+    # temperature; a greedy row's processed logits), only when batch.want_filtered.
+    filtered: torch.Tensor | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
@@ -83,11 +88,13 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     )
     # Edits happen in place; keep the model's own logits intact when logprobs are read later.
     processed = _processed_logits(raw.clone() if edits and batch.num_logprobs >= 0 else raw, batch)
+    filtered = None
     if batch.all_greedy:
         token_ids = processed.argmax(dim=-1)
+        filtered = processed if batch.want_filtered else None
     else:
-        token_ids = _draw(processed, batch, vocab)
-    out = SamplerOutput(token_ids)
+        token_ids, filtered = _draw(processed, batch, vocab)
+    out = SamplerOutput(token_ids, filtered=filtered)
     if batch.num_logprobs >= 0:
         out.logprobs, top_logprobs, top_ids, _ = token_logprobs(raw, token_ids, batch.num_logprobs)
         if batch.num_logprobs > 0:
@@ -145,7 +152,11 @@ def apply_bitmask(
     )
 
 
-def _draw(logits: torch.Tensor, batch: SamplingBatch, vocab: int) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor, batch: SamplingBatch, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[B] drawn ids, and the [B, vocab] logits they raced over when batch.want_filtered."""
+    processed = logits
     greedy_rows = batch.temperature == 0
     greedy_ids = logits.argmax(dim=-1)
     # Greedy rows divide by 1: their draw is discarded below, and nothing becomes inf or nan.
@@ -164,7 +175,10 @@ def _draw(logits: torch.Tensor, batch: SamplingBatch, vocab: int) -> torch.Tenso
         kth = kth.masked_fill((batch.top_k >= vocab)[:, None], float("-inf"))  # rows without
         logits = logits.masked_fill(logits < kth, float("-inf"))
     drawn = (logits + gumbel(batch.rng_keys, vocab)).argmax(dim=-1)
-    return torch.where(greedy_rows, greedy_ids, drawn)
+    filtered = None
+    if batch.want_filtered:
+        filtered = torch.where(greedy_rows[:, None], processed, logits)
+    return torch.where(greedy_rows, greedy_ids, drawn), filtered
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

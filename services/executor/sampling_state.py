@@ -65,6 +65,9 @@ class Draw:
 
     logits_row: int
     seq_id: int
+    # Speculative decoding: the draw at the i-th verified row is i outputs further on (its key's
+    # position), as the plain draw of that token would be.
+    offset: int = 0
 
 
 class PenaltyTable:
@@ -222,8 +225,8 @@ class SamplingStates:
                 top_k,
                 # Greedy rows draw nothing: their keys are never read.
                 [
-                    0 if p.greedy else position_key(s.key, s.num_outputs)
-                    for p, s in zip(params, states)
+                    0 if p.greedy else position_key(s.key, s.num_outputs + d.offset)
+                    for p, s, d in zip(params, states, draws)
                 ],
             ],
             dtype=torch.int64,

@@ -15,6 +15,18 @@ from shared.sampling import SamplingParams
 
 
 @dataclasses.dataclass
+class SpecRows:
+    """A speculating sequence's draws: draws[first_draw : first_draw + len(proposals) + 1]."""
+
+    seq_id: int
+    first_draw: int
+    start_pos: int  # position of its last real token (the plan's start_pos)
+    proposals: list[int]  # [K] the proposed tokens, draft slots filled in
+    greedy: bool
+    draft_probs: torch.Tensor | None = None  # [K, vocab] q of sampled draft proposals
+
+
+@dataclasses.dataclass
 class StepInFlight:
     """A launched step: its device work queued, its sampled ids perhaps still on their way."""
 
@@ -26,6 +38,8 @@ class StepInFlight:
     device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
     prompt: PromptScores | None = None  # asked-for prompt logprobs, still on the device
     result: StepResult | None = None  # once collected (at launch for a failure)
+    spec: list[SpecRows] = dataclasses.field(default_factory=list)  # speculating sequences
+    rng_keys: torch.Tensor | None = None  # [len(draws)] int64, kept only for draft_probs
 
     @functools.cached_property
     def rows(self) -> dict[int, int]:
