@@ -49,7 +49,9 @@ class LLMEngine:
             device = getattr(executor, "device", None)  # the simulator has none
             overlap_steps = device is not None and device.type == "cuda"
         self.overlap_steps = overlap_steps and config.scheduler.async_scheduling
-        self.scheduler = Scheduler(config.scheduler, executor.ready(), config.grammar)
+        self.scheduler = Scheduler(
+            config.scheduler, executor.ready(), config.grammar, config.speculative
+        )
         self._local = LocalExecutor(executor)
         self.core = EngineCore(self.scheduler, self._local, self.overlap_steps)
         self.stats = StepStats()

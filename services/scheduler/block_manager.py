@@ -212,6 +212,20 @@ class BlockManager:
         first_needed = max(0, num_computed - self.sliding_window + 1) // self.block_size
         return table[:first_needed]
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """Keep only the blocks of the first num_tokens positions: speculative slots past them
+        were rejected, and blocks holding nothing else go back to the pool. A kept block's
+        rejected slots are simply written again later. The executor's copy of a shortened
+        table is replaced with the next plan."""
+        table = self.tables.get(seq_id)
+        keep = cdiv(num_tokens, self.block_size)
+        if table is None or len(table) <= keep:
+            return
+        self.device.release(real_blocks(table[keep:]))
+        del table[keep:]
+        if self._synced.get(seq_id, 0) > keep:
+            self._synced.pop(seq_id)
+
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ref += 1); writes later copy on demand."""
         table = list(self.tables[parent_id])

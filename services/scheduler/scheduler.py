@@ -29,10 +29,11 @@ from services.scheduler.policies import make_policy
 from services.scheduler.prefix_reuse import PrefixReuse
 from services.scheduler.recovery import start_over
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
+from services.scheduler.speculation import Speculation
 from services.scheduler.step_plans import PlanEntry, StepPlans
 from services.scheduler.stop_rules import check_stop, max_output_tokens
 from services.scheduler.token_budget import budget_order, share, step_prefill_cap
-from shared.config import GrammarConfig, SchedulerConfig
+from shared.config import GrammarConfig, SchedulerConfig, SpeculativeConfig
 from shared.errors import (
     InvalidRequestError,
     PagedServeError,
@@ -63,7 +64,11 @@ class GroupUpdate:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, ready: ExecutorReady, grammar: GrammarConfig | None = None
+        self,
+        config: SchedulerConfig,
+        ready: ExecutorReady,
+        grammar: GrammarConfig | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.config = config
         self.grammar = grammar or GrammarConfig()
@@ -103,6 +108,13 @@ class Scheduler:
         self._next_arrival = 0
         self.num_preemptions = 0
         self.prefix_reuse = PrefixReuse(self.block_size)
+        # Speculative decoding (speculation.py); None when off.
+        self.speculation = (
+            Speculation(speculative, self.max_seq_len)
+            if speculative is not None and speculative.enabled
+            else None
+        )
+        self._proposals: dict[int, list[int]] = {}  # seq_id -> this plan's proposed tokens
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(
@@ -276,6 +288,11 @@ class Scheduler:
         preempted = False
 
         scheduled: set[SequenceGroup] = set()  # given tokens by this plan
+        # Proposed tokens this step may add: never the tokens the running sequences' own
+        # decodes need.
+        spec_room = 0
+        if self.speculation is not None and self.speculation.active(self.num_running_seqs):
+            spec_room = budget - self.num_running_seqs
         for group in budget_order(self.running, self.config.budget_order):
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
@@ -300,6 +317,9 @@ class Scheduler:
                 if victim is group:
                     break
             else:
+                if spec_room > 0:
+                    writes, used = self._with_proposals(group, writes, spec_room)
+                    spec_room -= used
                 budget -= self._write(group, writes, entries)
                 scheduled.add(group)
 
@@ -351,6 +371,30 @@ class Scheduler:
         reused = self.prefix_reuse.lookup(self.block_manager, group)
         need = self.block_manager.admission_blocks(group, reused)
         return self._fits(need) and self.block_manager.can_admit(group, need)
+
+    def _with_proposals(
+        self, group: SequenceGroup, writes: list[tuple[Sequence, int]], room: int
+    ) -> tuple[list[tuple[Sequence, int]], int]:
+        """The writes with each decoding sequence's proposals added (kept for _write), and the
+        proposed tokens they add; the plain writes when the proposals' slots would need a
+        block the watermark keeps: speculation never preempts nor eats the reserve."""
+        spec_writes, added = [], 0
+        for seq, n in writes:
+            proposals: list[int] = []
+            if n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens:
+                proposals = self.speculation.propose(group, seq, room - added)
+            if proposals:
+                self._proposals[seq.seq_id] = proposals
+                added += len(proposals)
+            spec_writes.append((seq, n + len(proposals)))
+        if not added:
+            return writes, 0
+        needed = self.block_manager.num_new_blocks(self._as_writes(spec_writes))
+        if needed > self.block_manager.device.num_free - self.watermark_blocks:
+            for seq, _ in writes:
+                self._proposals.pop(seq.seq_id, None)
+            return writes, 0
+        return spec_writes, added
 
     def _share(self, group: SequenceGroup, budget: int, cap: int | None, decoding: bool) -> int:
         queued = functools.partial(self._others_queued, group)  # asked only under a cap
@@ -450,12 +494,22 @@ class Scheduler:
             return list(updates.values())
 
         sampled = {t.seq_id: t for t in result.tokens}
+        if self.speculation is not None:
+            self.speculation.record(result.num_proposed, result.num_accepted)
+            runs: dict[int, list[SampledToken]] = {}
+            for token in result.tokens:  # a speculating sequence's tokens are consecutive
+                runs.setdefault(token.seq_id, []).append(token)
         prompt_parts = {p.seq_id: p for p in result.prompt_logprobs}
         beam_groups: list[SequenceGroup] = []
         for entry in entries:
             seq, group = entry.seq, entry.group
             if seq.is_finished:  # aborted while the step ran
                 self.plans.freed_seq_ids.extend(entry.fork_seq_ids)
+                continue
+            if entry.spec_tokens:
+                update = updates.setdefault(group.request_id, GroupUpdate(group))
+                self._take_verified(entry, runs[seq.seq_id], update)
+                self._remove_if_done(group, updates)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
             if seq.seq_id in prompt_parts:
@@ -492,6 +546,35 @@ class Scheduler:
                     self.groups.pop(group.request_id, None)
                 self._remove_if_done(group, updates)  # results go out only at the end
         return list(updates.values())
+
+    def _take_verified(
+        self, entry: PlanEntry, tokens: list[SampledToken], update: GroupUpdate
+    ) -> None:
+        """A speculating sequence's step is reported: its accepted proposals and the token after
+        them join it (up to the first that ends it); the K/V of the last real token and of the
+        accepted proposals is valid, the rejected slots are rolled back (blocks past the valid
+        positions return to the pool) and only full blocks of real tokens reach the prefix
+        cache."""
+        seq, group = entry.seq, entry.group
+        start = seq.num_computed_tokens  # the last real token's position
+        for token in tokens:
+            seq.token_ids.append(token.token_id)
+            if group.sampling.logprobs is not None:
+                seq.logprobs.append(token)
+            if token.logprob is not None:
+                seq.cumulative_logprob += token.logprob
+            update.new_tokens.append((seq, token))
+            reason = check_stop(
+                group.sampling, seq, token.token_id, self.eos_token_ids, self.max_seq_len
+            )
+            if reason is not None:
+                self._finish(group, seq, reason)
+                return
+        # Every token before the new last one has its K/V written: the last real token and the
+        # accepted proposals (the new last token's own K/V is the next step's).
+        seq.num_computed_tokens = start + len(tokens)
+        self.block_manager.trim(seq.seq_id, seq.num_computed_tokens)
+        self.prefix_reuse.note_computed(self.block_manager, group, seq, len(tokens))
 
     # ---- helpers ------------------------------------------------------------------------------
     def _plan_writes(
@@ -549,7 +632,8 @@ class Scheduler:
             if finishes_prompt and num_samples > 1 and not group.forked and group.beam is None:
                 fork_ids = [self._new_seq_id() for _ in range(num_samples - 1)]
                 group.forked = True  # reserved now; the child sequences appear in update()
-            entries.append(PlanEntry(seq, group, n, fork_ids))
+            spec = self._proposals.pop(seq.seq_id, [])
+            entries.append(PlanEntry(seq, group, n, fork_ids, spec))
         return sum(n for _, n in writes)
 
     def _preempt(self, group: SequenceGroup, swap_out: list[tuple[int, int]]) -> bool:

@@ -94,7 +94,9 @@ class SchedulerService:
         )
         try:
             ready = await self.executor.wait_ready()
-            self.scheduler = Scheduler(self.config.scheduler, ready, self.config.grammar)
+            self.scheduler = Scheduler(
+                self.config.scheduler, ready, self.config.grammar, self.config.speculative
+            )
             overlap = self.config.scheduler.async_scheduling
             self.core = EngineCore(self.scheduler, self.executor, overlap)
             self._announcement = SchedulerReady(

@@ -9,7 +9,7 @@ and freed sequence ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.sequence import Sequence, SequenceGroup
@@ -22,8 +22,10 @@ class PlanEntry:
 
     seq: Sequence
     group: SequenceGroup
-    num_new_tokens: int
+    num_new_tokens: int  # with spec_tokens: 1 + len(spec_tokens)
     fork_seq_ids: list[int]
+    # Speculative decoding: tokens proposed after the sequence's last one, verified this step.
+    spec_tokens: list[int] = field(default_factory=list)
 
 
 class StepPlans:
@@ -49,12 +51,12 @@ class StepPlans:
             seq = entry.seq
             block_ids, replace = block_manager.take_table_update(seq.seq_id)
             start = seq.num_computed_tokens
-            end = start + entry.num_new_tokens
+            end = start + entry.num_new_tokens - len(entry.spec_tokens)  # real tokens only
             targets = prompt_logprob_targets(entry.group, seq, start, end)
             seqs.append(
                 ScheduledSeq(
                     seq_id=seq.seq_id,
-                    token_ids=seq.token_ids[start:end],
+                    token_ids=seq.token_ids[start:end] + entry.spec_tokens,
                     start_pos=start,
                     block_ids=block_ids,
                     replace_table=replace,
@@ -64,6 +66,7 @@ class StepPlans:
                     sample_index=seq.index,
                     prompt_len=None if seq.announced else seq.prompt_len,
                     prompt_targets=targets,
+                    num_spec_tokens=len(entry.spec_tokens),
                 )
             )
             seq.announced = True
