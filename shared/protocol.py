@@ -215,6 +215,11 @@ class SchedulerStats:
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
     prefix_cache_blocks: int = 0
+    # Speculative decoding, since start: the method ("" when off), tokens proposed and verified,
+    # and those accepted.
+    spec_method: str = ""
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 @dataclass

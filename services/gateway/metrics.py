@@ -81,6 +81,28 @@ class _SchedulerCollector:
             "Device KV blocks the prefix cache can hand out (in use or free)",
             value=s.prefix_cache_blocks if s else 0,
         )
+        # Speculative decoding, labelled by method (none while it is off).
+        proposed = CounterMetricFamily(
+            "pagedserve_spec_decode_proposed_tokens",
+            "Speculative tokens proposed and verified since the scheduler started",
+            labels=["method"],
+        )
+        accepted = CounterMetricFamily(
+            "pagedserve_spec_decode_accepted_tokens",
+            "Speculative tokens accepted by verification since the scheduler started",
+            labels=["method"],
+        )
+        rate = GaugeMetricFamily(
+            "pagedserve_spec_decode_acceptance_rate",
+            "Accepted over proposed speculative tokens since the scheduler started",
+            labels=["method"],
+        )
+        if s and s.spec_method:
+            proposed.add_metric([s.spec_method], s.spec_proposed_tokens)
+            accepted.add_metric([s.spec_method], s.spec_accepted_tokens)
+            share = s.spec_accepted_tokens / s.spec_proposed_tokens if s.spec_proposed_tokens else 0
+            rate.add_metric([s.spec_method], share)
+        yield from (proposed, accepted, rate)
         yield CounterMetricFamily(
             "pagedserve_executor_restarts",
             "Dead executors replaced (their requests recomputed) since the scheduler started",
@@ -188,6 +210,11 @@ class GatewayMetrics:
             "--max-connections open",
             registry=self.registry,
         )
+
+    def add_live(self, collector: Any) -> None:
+        """A collector read at scrape time, as the scheduler's gauges are."""
+        self._live.append(collector)
+        self.registry.register(collector)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type."""

@@ -353,6 +353,9 @@ class SchedulerService:
             prefix_cache_queried_tokens=s.prefix_cache_queried_tokens,
             prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
             prefix_cache_blocks=s.block_manager.num_cached_blocks,
+            spec_method=self.config.speculative.method or "",
+            spec_proposed_tokens=s.speculation.num_proposed if s.speculation else 0,
+            spec_accepted_tokens=s.speculation.num_accepted if s.speculation else 0,
         )
 
 
