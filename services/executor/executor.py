@@ -18,6 +18,9 @@ from kernels.metadata import host_to_device
 from kernels.ops import select_ops
 from services.executor.block_tables import DeviceBlockTables
 from services.executor.cuda_graphs import DecodeGraphs
+from services.executor.draft_kv import shared_pool_configs
+from services.executor.draft_model import load_draft_model
+from services.executor.draft_proposer import DraftProposer
 from services.executor.grammar import GrammarStore
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
@@ -53,6 +56,7 @@ from shared.protocol import (
     ExecutorReady,
     GrammarCompiled,
     SampledToken,
+    ScheduledSeq,
     StepPlan,
     StepResult,
 )
@@ -107,7 +111,18 @@ class Executor:
         )
         quantize_model(self.model, self.quantization, gguf_path, calibration_ids, model_dir)
         # This rank's KV heads of every block: one block table serves every rank.
-        self.cache = KVCache(self.model.kv_layout, config.cache, dtype, self.device, self.ops)
+        cache_config = config.cache
+        draft_model = None
+        if config.speculative.method == "draft":
+            draft_model = load_draft_model(
+                config, self.model, model_dir, self.max_model_len, dtype, self.quantization,
+                self.ops, self.device,
+            )  # fmt: skip
+            # One block count for both pools, within the one KV budget (draft_kv.py).
+            cache_config, draft_cache_config = shared_pool_configs(
+                config.cache, self.model.kv_layout, draft_model.kv_layout, dtype
+            )
+        self.cache = KVCache(self.model.kv_layout, cache_config, dtype, self.device, self.ops)
         self.eos_token_ids = eos_token_ids(model_dir, hf_config)
         auto = config.model.generation_config == "auto"
         self.default_sampling = sampling_defaults(model_dir) if auto else {}
@@ -129,7 +144,19 @@ class Executor:
         # --speculative-method draft: fills DRAFT_TOKEN slots before the forward pass
         # (fill(seqs) -> {seq_id: draft_probs [K, vocab]} or None) and learns how much of its
         # own KV stays valid after verification (accepted(seq_id, num_valid_positions)).
-        self.draft = None
+        self.draft: DraftProposer | None = None
+        if draft_model is not None:
+            draft_cache = KVCache(
+                draft_model.kv_layout, draft_cache_config, dtype, self.device, self.ops
+            )
+            self.draft = DraftProposer(
+                draft_model,
+                draft_cache,
+                self.block_tables,
+                self.sampling,
+                self.cache.num_cpu_blocks,
+                reference_views=self.ops.name == "torch",
+            )
         self.graphs = self._capture_graphs(config)
 
     def _capture_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
@@ -313,6 +340,8 @@ class Executor:
             self.block_tables.forget(seq_id)
             if self.shard.is_driver:
                 self.sampling.forget(seq_id)
+                if self.draft is not None:
+                    self.draft.forget([seq_id])
                 self.grammars.forget(seq_id)
                 self._last_sampled.pop(seq_id, None)
 
@@ -338,6 +367,8 @@ class Executor:
             if on_device and (
                 self.shard.size > 1
                 or not all(self.sampling.plain(plan.seqs[i].seq_id) for i in on_device)
+                # The draft model learns every token from the plans, on the host.
+                or self.draft is not None
             ):
                 self.collect(prev)  # its result waits in the flight for its own collect()
                 on_device = set()
@@ -378,6 +409,8 @@ class Executor:
         timer = PhaseTimer(self.device)
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
+        if self.draft is not None and driver:
+            self.draft.apply(plan.swap_out, plan.swap_in, plan.copies)
         for seq in plan.seqs:
             if seq.seq_id not in self.block_tables:
                 if seq.sampling is None:
@@ -398,7 +431,11 @@ class Executor:
             return StepInFlight(plan.step_id, timer=timer)
 
         draft_probs = {}
-        if self.draft is not None and driver and _has_draft_slots(plan):
+        if self.draft is not None and driver:
+            # Every plan, so that the draft learns each sequence's tokens and table; filled
+            # slots go into copies of the scheduler's token lists.
+            if _has_draft_slots(plan):
+                plan = dataclasses.replace(plan, seqs=[_own_tokens(s) for s in plan.seqs])
             # Tensor parallelism with a draft model is not supported: only rank 0 fills.
             draft_probs = self.draft.fill(plan.seqs) or {}
         inputs = build_inputs(
@@ -479,6 +516,12 @@ class Executor:
         # between now and its collect() (the next step, launched meanwhile) is not its own.
         timer.mark("sync_out")
         return flight
+
+
+def _own_tokens(seq: ScheduledSeq) -> ScheduledSeq:
+    """The entry with a token list of its own where the draft fills slots (an in-process
+    scheduler's plan stays as it was sent)."""
+    return dataclasses.replace(seq, token_ids=list(seq.token_ids)) if seq.num_spec_tokens else seq
 
 
 def _has_draft_slots(plan: StepPlan) -> bool:
