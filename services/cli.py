@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.restart_budget import add_restart_args
 
     add_restart_args(serve)
+    _add_ray_args(serve)
 
     from services.bench.commands import add_bench_parser
 
@@ -73,6 +74,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pagedserve: error: {exc}", file=sys.stderr)
         return 2
     return run_generate(args, engine)
+
+
+def _add_ray_args(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("Ray cluster (pip install 'pagedserve[ray]')")
+    group.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="place each replica's executor ranks on this Ray cluster (HOST:PORT of its head, "
+        "or auto) as actors, one placement group per replica; schedulers and gateways run "
+        "here. A lost rank or node gets its replica re-placed (counted on /metrics)",
+    )
+    group.add_argument(
+        "--ray-placement-strategy",
+        default="STRICT_PACK",
+        choices=["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"],
+        help="how one replica's ranks are placed: STRICT_PACK keeps them on one node (fast "
+        "all-reduces); the others let them span nodes",
+    )
+    group.add_argument(
+        "--ray-cpus-per-rank",
+        type=float,
+        default=1.0,
+        help="CPUs each rank reserves on its node (beside one GPU with --device cuda)",
+    )
 
 
 def _reporting_errors(command: Callable[[argparse.Namespace], int], args) -> int:

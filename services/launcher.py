@@ -62,9 +62,7 @@ class Stack:
         num_gateways = getattr(args, "gateways", 1)
         if num_gateways < 1:
             raise ValueError(f"--gateways must be at least 1, got {num_gateways}")
-        replicas = [
-            Addresses.ipc(os.path.join(self.ipc_dir, f"replica-{i}")) for i in range(num_replicas)
-        ]
+        replicas = [self._replica_addresses(i) for i in range(num_replicas)]
         for i, addresses in enumerate(replicas):
             wires = _wires(addresses)
             suffix = f"-{i}" if i else ""
@@ -72,8 +70,8 @@ class Stack:
             engine = config_json_argv(own)
             # The scheduler binds every pipe, so it goes first; the others connect to it.
             self._spawn(f"scheduler{suffix}", ["-m", "services.scheduler", *engine, *name, *wires])
-            self._spawn(f"executor{suffix}", ["-m", "services.executor", *engine, *wires], env)
-        gateway = ["--model", model_dir, *gateway_argv(args)]
+            self._start_executor(i, f"executor{suffix}", own, wires, env)
+        gateway = ["--model", model_dir, *gateway_argv(args), *self._gateway_extra_argv()]
         for addresses in replicas[1:]:
             gateway += ["--replica-addr", addresses.gateway]
         gateway_env = _gateway_env(args.api_key)
@@ -94,6 +92,28 @@ class Stack:
                 self._deferred.append((name, argv, gateway_env))
                 continue
             self._spawn(name, argv, gateway_env)
+
+    def _replica_addresses(self, index: int) -> Addresses:
+        """Where replica `index`'s scheduler listens: private ipc:// pipes on one machine."""
+        return Addresses.ipc(os.path.join(self.ipc_dir, f"replica-{index}"))
+
+    def _start_executor(
+        self,
+        index: int,
+        name: str,
+        engine: EngineConfig,
+        wires: list[str],
+        env: dict[str, str] | None,
+    ) -> None:
+        """Start replica `index`'s executor (it starts its own tensor-parallel ranks)."""
+        self._spawn(name, ["-m", "services.executor", *config_json_argv(engine), *wires], env)
+
+    def _gateway_extra_argv(self) -> list[str]:
+        return []
+
+    def ready_info(self) -> dict:
+        """What the ready line reports beside the model, url and pids."""
+        return {}
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
@@ -259,7 +279,12 @@ def _wires(addresses: Addresses) -> list[str]:
 
 def serve(args: argparse.Namespace) -> int:
     check_exposure(args)  # before any process starts
-    stack = Stack(args)
+    if getattr(args, "ray_address", None):
+        from services.ray.stack import RayStack  # Ray is imported on this path only
+
+        stack = RayStack(args)
+    else:
+        stack = Stack(args)
     stopping = {"signal": None}
 
     def on_signal(signum, frame) -> None:
@@ -278,6 +303,7 @@ def serve(args: argparse.Namespace) -> int:
                 "model": served_model_names(args)[0],
                 "url": stack.url,  # with --port 0, the port the kernel picked
                 "pids": {n: p.pid for n, p in stack.procs.items()},
+                **stack.ready_info(),
             }
             print(f"pagedserve: ready {json.dumps(info)}", flush=True)
         while stopping["signal"] is None:

@@ -67,6 +67,13 @@ def make_socket(ctx: zmq.Context, kind: int, address: str, bind: bool) -> zmq.So
         # A message to a peer that is gone raises (EHOSTUNREACH) instead of vanishing: that is
         # how the scheduler learns which gateway left.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if address.startswith("tcp://"):
+        # Across machines a dead host closes no connection: ZMTP heartbeats (answered by zmq's
+        # own thread, so a busy peer still answers) end a silent one, and the peer watches
+        # see the loss as they see a process's exit.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, 5000)
     if bind:
         if address.startswith("ipc://"):
             os.makedirs(os.path.dirname(address[len("ipc://") :]), exist_ok=True)

@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--port-file", default=None, help="write the bound port to this file once listening"
     )
+    parser.add_argument(
+        "--placement-file",
+        default=None,
+        help="serve --ray-address: the launcher's file of replica placements, for /metrics",
+    )
     args = parser.parse_args(argv)
     try:
         check_exposure(args)
@@ -187,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         body_read_timeout_s=args.body_read_timeout,
     )
     app[STATE].tool_call_parser = args.tool_call_parser
+    if args.placement_file:
+        from services.gateway.placement_metrics import PlacementCollector
+
+        app[STATE].metrics.add_live(PlacementCollector(args.placement_file))
 
     async def start_backend(app: web.Application) -> None:
         await backend.start()
