@@ -51,6 +51,10 @@ class AttentionMetadata:
     max_query_len: int  # host-side: 1 means a pure decode batch; sizes the prefill grid
     positions: torch.Tensor  # [num_tokens] int64 position of each new token in its sequence
     reference: ReferenceViews | None  # only when the reference backend runs the step
+    # [num_tokens] int64: the length of the sequence each token was planned in, where it is more
+    # than the token's position + 1 (prompt chunks, recomputes; ScheduledSeq.rope_len); longrope
+    # picks its rotary table by it. None: every token's own position + 1.
+    rope_lens: torch.Tensor | None = None
 
 
 def build_attention_metadata(
@@ -77,6 +81,7 @@ def metadata_from_table(
     table: torch.Tensor,  # [num_seqs, max_blocks] int64 on the target device, any padding
     block_size: int,
     reference_views: bool = True,
+    rope_lens: list[int] | None = None,  # [num_seqs] ScheduledSeq.rope_len, 0 where None
 ) -> AttentionMetadata:
     """The same, from block tables already on the device: one small host-to-device copy."""
     device = table.device
@@ -108,6 +113,11 @@ def metadata_from_table(
             _reference_views(query_lens, start_positions, table, qsl, seq_lens, block_size, device)
             if reference_views
             else None
+        ),
+        rope_lens=(
+            None
+            if rope_lens is None
+            else host_to_device(torch.tensor(rope_lens), device)[seq_of_token]
         ),
     )
 

@@ -34,6 +34,10 @@ class ExecutorReady:
     # When every layer attends within a sliding window: the largest window in tokens, and the
     # scheduler frees the blocks behind it. None when any layer sees the whole context.
     sliding_window: int | None = None
+    # longrope (Phi-3) served beyond its original context: a sequence that outgrows this many
+    # tokens is recomputed whole with the long factors (as transformers' generate does), and the
+    # prefix cache is off (a block's K/V depends on its sequence's length). None otherwise.
+    rope_switch_len: int | None = None
 
 
 # In a plan made while the step before it still ran (async scheduling): "the token you sampled
@@ -73,6 +77,10 @@ class ScheduledSeq:
     # repeat exactly: the sample's index among the request's samples and the prompt's length.
     sample_index: int = 0
     prompt_len: int | None = None
+    # The sequence's length when this entry was planned, where the entry holds tokens before
+    # the sequence's last (a prompt's chunks, a recompute), else None: longrope picks its
+    # tables by it, as transformers picks them by the length of the whole sequence it computes.
+    rope_len: int | None = None
     # Prompt logprobs: the prompt tokens this chunk's rows score; None (most plans) costs a byte.
     prompt_targets: PromptTargets | None = None
     # Speculative decoding: the last num_spec_tokens entries of token_ids are proposed tokens

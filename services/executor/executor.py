@@ -215,6 +215,9 @@ class Executor:
         return GrammarCompiled(request.key)
 
     def ready(self) -> ExecutorReady:
+        rope_switch = self.model.spec.rope_switch_len
+        if rope_switch is not None and self.max_model_len <= rope_switch:
+            rope_switch = None  # no sequence outgrows it
         return ExecutorReady(
             num_device_blocks=self.cache.num_device_blocks,
             num_cpu_blocks=self.cache.num_cpu_blocks,
@@ -226,6 +229,7 @@ class Executor:
             context_cost_tokens=self.model.spec.context_cost_tokens,
             default_sampling=self.default_sampling,
             sliding_window=self.model.spec.shared_window,
+            rope_switch_len=rope_switch,
         )
 
     def execute(self, plan: StepPlan) -> StepResult:

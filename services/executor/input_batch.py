@@ -37,6 +37,8 @@ def build_inputs(
         table,
         block_size,
         reference_views,
+        # Only prompt chunks and recomputes carry one (step_plans.py): decode steps send none.
+        [s.rope_len or 0 for s in seqs] if any(s.rope_len for s in seqs) else None,
     )
     rows = []
     end = 0

@@ -90,6 +90,7 @@ class Scheduler:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.limits = RequestLimits.of(ready, config.max_num_seqs)
         self.max_seq_len = self.limits.max_seq_len
+        self.rope_switch_len = ready.rope_switch_len
         self.block_manager: BlockManager = self._make_block_manager(ready)
         self.watermark_blocks = int(config.watermark * ready.num_device_blocks)
         self.policy = make_policy(config.scheduling_policy)
@@ -107,6 +108,7 @@ class Scheduler:
         self._next_seq_id = 0
         self._next_arrival = 0
         self.num_preemptions = 0
+        self.num_rope_recomputes = 0  # sequences recomputed as they outgrew longrope's switch
         self.prefix_reuse = PrefixReuse(self.block_size)
         # Speculative decoding (speculation.py); None when off.
         self.speculation = (
@@ -254,7 +256,8 @@ class Scheduler:
             ready.num_device_blocks,
             ready.num_cpu_blocks,
             self.max_seq_len,
-            self.config.enable_prefix_caching,
+            # Under longrope a block's K/V depends on its sequence's length, not its tokens alone.
+            self.config.enable_prefix_caching and ready.rope_switch_len is None,
             ready.sliding_window,
             self.token_budget,
         )
@@ -300,6 +303,10 @@ class Scheduler:
             writes = self._plan_writes(group, self._share(group, budget, cap, decoding))
             if writes is None:
                 continue
+            if self._outgrows_rope_writes(writes):
+                self.running.remove(group)
+                self._recompute_for_rope(group)
+                continue
             while not self._can_write(writes):
                 victim = self.policy.victim(self.running)
                 if victim is group and len(self.running) == 1:
@@ -317,7 +324,7 @@ class Scheduler:
                 if victim is group:
                     break
             else:
-                if spec_room > 0:
+                if spec_room > 0 and not self._may_outgrow_rope(group):
                     writes, used = self._with_proposals(group, writes, spec_room)
                     spec_room -= used
                 budget -= self._write(group, writes, entries)
@@ -349,12 +356,17 @@ class Scheduler:
         """
         if len(self.plans.inflight) != 1 or self._pending_updates:
             return None
+        if self.speculation is not None and self.speculation.active(self.num_running_seqs):
+            return None  # the next step may speculate: its proposals need this step's token
         if (self.waiting or self.swapped) and self._could_start_queued():
             return None
         (entries,) = self.plans.inflight.values()
         ahead = lookahead_seqs(entries, self.running, self.max_seq_len)
         if ahead is None:
             return None
+        # The step in flight computes position num_computed_tokens; the next one the next.
+        if any(self._outgrows_rope(e.seq, e.seq.num_computed_tokens + 2) for e in ahead):
+            return None  # that sequence is recomputed first (schedule())
         return self.plans.plan_ahead(self.block_manager, ahead)
 
     def _could_start_queued(self) -> bool:
@@ -417,6 +429,10 @@ class Scheduler:
         writes = self._plan_writes(group, budget)
         if writes is None or not self._has_seats(group):
             return None
+        if self._outgrows_rope_writes(writes):
+            self.swapped.pop(0)
+            self._recompute_for_rope(group)
+            return 0
         seq_ids = [s.seq_id for s in group.live_seqs()]
         need = self.block_manager.num_blocks_of(seq_ids, cpu=True) + (
             self.block_manager.num_new_blocks(self._as_writes(writes), swapped=True)
@@ -621,10 +637,34 @@ class Scheduler:
         needed = self.block_manager.num_new_blocks(self._as_writes(writes))
         return needed <= self.block_manager.device.num_free
 
+    def _outgrows_rope(self, seq: Sequence, end: int) -> bool:
+        """Whether computing up to `end` takes a sequence whose K/V used longrope's short
+        factors beyond the switch length."""
+        switch = self.rope_switch_len
+        return switch is not None and seq.num_computed_tokens > 0 and seq.rope_len <= switch < end
+
+    def _outgrows_rope_writes(self, writes: list[tuple[Sequence, int]]) -> bool:
+        return any(self._outgrows_rope(seq, seq.num_computed_tokens + n) for seq, n in writes)
+
+    def _recompute_for_rope(self, group: SequenceGroup) -> None:
+        """Its K/V was computed with longrope's short factors: transformers recomputes the whole
+        sequence with the long ones as it outgrows the switch length, and so do we."""
+        self._requeue_for_recompute(group)
+        self.num_rope_recomputes += 1
+
+    def _may_outgrow_rope(self, group: SequenceGroup) -> bool:
+        """Whether proposed tokens could take a sequence of the group past the switch length
+        on short-factor K/V (speculation stops short of it: its run would need the recompute
+        that schedule() makes only before a step)."""
+        switch = self.rope_switch_len
+        return switch is not None and any(s.rope_len <= switch for s in group.live_seqs())
+
     def _write(
         self, group: SequenceGroup, writes: list[tuple[Sequence, int]], entries: list[PlanEntry]
     ) -> int:
         for seq, n in writes:
+            if seq.num_computed_tokens == 0:
+                seq.rope_len = seq.num_tokens
             self.block_manager.allocate_slots(seq.seq_id, seq.num_computed_tokens, n)
             fork_ids: list[int] = []
             finishes_prompt = seq.num_computed_tokens + n == seq.num_tokens
@@ -668,6 +708,7 @@ class Scheduler:
             num_computed_tokens=parent.num_computed_tokens,
             status=parent.status,
             announced=True,  # the executor derived its state when it sampled for it
+            rope_len=parent.rope_len,
         )
         self.block_manager.fork(parent.seq_id, child_id)
         group.seqs.append(child)

@@ -34,6 +34,9 @@ class Sequence:
     logprobs: list[SampledToken] = field(default_factory=list)  # one per output token, if asked
     cumulative_logprob: float = 0.0  # sum of the output tokens' logprobs (when they are drawn)
     announced: bool = False  # the executor has this sequence's sampling state
+    # num_tokens when its K/V was last computed from position 0: longrope chose its tables by
+    # it (Scheduler._outgrows_rope).
+    rope_len: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -65,6 +65,7 @@ class StepPlans:
                     sampling=None if seq.announced else entry.group.sampling,
                     sample_index=seq.index,
                     prompt_len=None if seq.announced else seq.prompt_len,
+                    rope_len=seq.num_tokens if start + 1 < seq.num_tokens else None,
                     prompt_targets=targets,
                     num_spec_tokens=len(entry.spec_tokens),
                 )

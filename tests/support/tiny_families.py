@@ -159,16 +159,38 @@ FAMILIES = {
 }
 
 
+# Shapes outside the family matrix (tests of their own).
+OTHER_SHAPES = {
+    # longrope served beyond a 32-token original context (of 512): prompts and generations
+    # cross it; transformers switches to the long factors there and recomputes the cache.
+    "phi3-longrope-beyond": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            original_max_position_embeddings=32,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=_THETA,
+                short_factor=[1.0, 1.5, 2.0, 3.0, 1.2, 1.1, 4.0, 1.0],
+                long_factor=[8.0, 6.0, 4.0, 5.0, 3.0, 7.0, 2.5, 9.0],
+                original_max_position_embeddings=32,
+            ),
+        ),
+    ),
+}
+
+
 # Gemma scales embeddings by sqrt(hidden): at this init the residual stream would drown the
 # attention output, and soft-capping would not change a single greedy token.
 _SMALL_EMBEDDINGS = ("gemma2", "gemma3")
 
 
 def make_tiny_family(path: Path, name: str, seed: int = 0) -> Path:
-    """A seeded random checkpoint of family shape `name` (FAMILIES) with the tiny tokenizer."""
+    """A seeded random checkpoint of family shape `name` (FAMILIES, OTHER_SHAPES) with the tiny
+    tokenizer."""
     import transformers
 
-    config_name, model_name, overrides = FAMILIES[name]
+    config_name, model_name, overrides = {**FAMILIES, **OTHER_SHAPES}[name]
     config = getattr(transformers, config_name)(**{**_COMMON, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).eval()

@@ -112,8 +112,11 @@ class DecoderForCausalLM(nn.Module):
         if self.spec.embed_scale != 1.0:
             # Gemma scales by sqrt(hidden) rounded to the activations' dtype, as transformers.
             h = h * torch.tensor(self.spec.embed_scale, dtype=h.dtype)
-        cos = self.cos[positions].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, table width]
-        sin = self.sin[positions].to(h.dtype).unsqueeze(1)
+        rows = positions
+        if self.spec.rope_switch_len is not None:
+            rows = self._longrope_rows(positions, meta)
+        cos = self.cos[rows].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, table width]
+        sin = self.sin[rows].to(h.dtype).unsqueeze(1)
         rotary = self.layer_rotary(cos, sin)
         for i, layer in enumerate(self.layers):
             h = layer(h, *rotary[i], kv_cache[i], meta)
@@ -127,6 +130,19 @@ class DecoderForCausalLM(nn.Module):
         """Each layer's (cos, sin); one table serves every layer unless a family's
         rope_tables holds several (Gemma 3: global and sliding layers)."""
         return [(cos, sin)] * len(self.layers)
+
+    def _longrope_rows(
+        self, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:  # [num_tokens] int64
+        """Each token's row of the longrope tables: the long half when its sequence is longer
+        than the switch length, counted as transformers counts it (the whole prompt for its
+        prompt tokens, or the whole sequence for a recompute; the token's own position + 1
+        for a decode)."""
+        lens = positions + 1
+        if meta.rope_lens is not None:
+            lens = torch.maximum(lens, meta.rope_lens)
+        long = lens > self.spec.rope_switch_len
+        return positions + long * (self.cos.shape[0] // 2)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [.., hidden]
         if self.shard.size == 1:

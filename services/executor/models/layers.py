@@ -49,11 +49,9 @@ def rope_tables(
             f"rope_type {rope_type!r} is not supported ({', '.join(STATIC_ROPE_TYPES)})"
         )
     if rope_type == "longrope":
-        original = params.get("original_max_position_embeddings") or getattr(
-            config, "original_max_position_embeddings", config.max_position_embeddings
-        )
+        original = longrope_original_len(config)
         # transformers switches to the long factors once a sequence outgrows `original`: a
-        # per-sequence choice these shared tables cannot make.
+        # per-sequence choice that one table cannot make (Phi-3 makes it: longrope_tables).
         if max_positions > original:
             raise ValueError(
                 f"rope_type 'longrope' is supported up to its original context of {original} "
@@ -69,9 +67,42 @@ def rope_tables(
         scaling = 1.0
     else:
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
+    return _cos_sin(inv_freq, scaling, max_positions)
+
+
+def _cos_sin(
+    inv_freq: torch.Tensor,  # [rotary_dim // 2]
+    scaling: float,
+    max_positions: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # each [max_positions, rotary_dim] fp32
     freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq.float()[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, rotary_dim]
     return emb.cos() * scaling, emb.sin() * scaling
+
+
+def longrope_original_len(config) -> int | None:
+    """longrope's original context: sequences longer than this use the long factors. None
+    when the config's rope is not longrope."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params.get("rope_type") != "longrope":
+        return None
+    return params.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", config.max_position_embeddings
+    )
+
+
+def longrope_tables(config, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [2 * max_positions, rotary_dim] fp32: the short factors' rows, then the long
+    factors' (both carry longrope's attention factor, as transformers applies it to both)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    compute = ROPE_INIT_FUNCTIONS["longrope"]
+    # transformers' own switch: any seq_len beyond the original context picks the long factors.
+    short = _cos_sin(*compute(config, "cpu"), max_positions)
+    long = _cos_sin(
+        *compute(config, "cpu", seq_len=longrope_original_len(config) + 1), max_positions
+    )
+    return torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
 
 
 class RMSNorm(nn.Module):

@@ -56,6 +56,10 @@ class ModelSpec:
     rotary_dim: int | None = None  # rotary applies to the first rotary_dim of a head; None: all
     sliding_windows: tuple[int | None, ...] = ()  # per layer; empty: every layer full context
     moe: MoESpec | None = None  # Mixtral, Qwen3-MoE: the experts replacing the dense MLP
+    # longrope (Phi-3): a sequence longer than this many tokens rotates by the long factors' rows
+    # of the rotary tables (the second half), and transformers recomputes its whole cache with
+    # them once it outgrows this length; the scheduler does the same (ExecutorReady).
+    rope_switch_len: int | None = None
 
     @property
     def softmax_scale(self) -> float:
