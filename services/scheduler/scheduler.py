@@ -324,7 +324,7 @@ class Scheduler:
                 if victim is group:
                     break
             else:
-                if spec_room > 0 and not self._may_outgrow_rope(group):
+                if spec_room > 0 and not self._may_outgrow_rope(group, spec_room):
                     writes, used = self._with_proposals(group, writes, spec_room)
                     spec_room -= used
                 budget -= self._write(group, writes, entries)
@@ -652,12 +652,14 @@ class Scheduler:
         self._requeue_for_recompute(group)
         self.num_rope_recomputes += 1
 
-    def _may_outgrow_rope(self, group: SequenceGroup) -> bool:
-        """Whether proposed tokens could take a sequence of the group past the switch length
-        on short-factor K/V (speculation stops short of it: its run would need the recompute
-        that schedule() makes only before a step)."""
+    def _may_outgrow_rope(self, group: SequenceGroup, num_proposals: int) -> bool:
+        """Whether up to num_proposals proposed tokens could take a sequence of the group past
+        the switch length on short-factor K/V (it does not speculate then: its run would need
+        the recompute that schedule() makes only before a step)."""
         switch = self.rope_switch_len
-        return switch is not None and any(s.rope_len <= switch for s in group.live_seqs())
+        return switch is not None and any(
+            s.rope_len <= switch < s.num_tokens + num_proposals for s in group.live_seqs()
+        )
 
     def _write(
         self, group: SequenceGroup, writes: list[tuple[Sequence, int]], entries: list[PlanEntry]

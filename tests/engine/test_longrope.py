@@ -5,9 +5,12 @@ and by recompute, steps planned ahead."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from services.engine.llm_engine import LLMEngine
+from shared.config import SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
 from tests.support.tiny_families import VOCAB, hf_greedy, make_tiny_family
@@ -77,3 +80,16 @@ def test_longrope_beyond_the_original_context_matches_transformers(
     assert engine.scheduler.block_manager.prefix_cache is None
     if "preemption_mode" in variant:
         assert engine.scheduler.num_preemptions >= 1
+
+
+def test_longrope_with_speculation_matches_transformers(model_dir, reference):
+    # Speculating sequences still cross the switch once each, recomputed there (a run of
+    # proposals never takes short-factor K/V past it: Scheduler._may_outgrow_rope).
+    prompts, tokens = reference
+    config = engine_config(model_dir, max_num_batched_tokens=64)
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000)
+    engine = LLMEngine(dataclasses.replace(config, speculative=spec))
+    outputs = engine.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == tokens
+    assert engine.scheduler.num_rope_recomputes == NUM_CROSSING
+    assert engine.scheduler.speculation.num_proposed > 0
