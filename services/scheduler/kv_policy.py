@@ -107,6 +107,15 @@ class ContiguousBlockManager(BlockManager):
             table.append(region[len(table)])
         super().allocate_slots(seq_id, num_computed, num_new)
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        # Inside the region, a block of rejected speculative slots stays reserved for the
+        # sequence: its reference goes back from the table to the reservation.
+        keep = cdiv(num_tokens, self.block_size)
+        num_entries = len(self.tables.get(seq_id, []))
+        for block_id in self.regions.get(seq_id, [])[keep:num_entries]:
+            self.device.incref(block_id)
+        super().trim(seq_id, num_tokens)
+
     def free(self, seq_id: int) -> None:
         region = self.regions.pop(seq_id, [])
         for block_id in region[len(self.tables.get(seq_id, [])) :]:

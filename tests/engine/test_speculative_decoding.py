@@ -171,3 +171,14 @@ def test_no_speculation_above_the_batch_rule(tiny_model_dir):
     plain, _ = _run(config, REPETITIVE, dataclasses.replace(LONG_GREEDY, max_tokens=8))
     assert outputs == plain
     assert engine.scheduler.speculation.num_proposed == 0  # 4 sequences ran together
+
+
+def test_orca_reservations_keep_their_blocks_through_rollback(tiny_model_dir):
+    config = engine_config(tiny_model_dir, block_size=8)
+    config = dataclasses.replace(
+        config, scheduler=dataclasses.replace(config.scheduler, kv_policy="orca-max")
+    )
+    plain, _ = _run(config, REPETITIVE, LONG_GREEDY)
+    spec, engine = _run(_ngram(config, 3), REPETITIVE, LONG_GREEDY)
+    assert spec == plain
+    assert _accepted(engine) > 0
