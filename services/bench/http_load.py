@@ -59,9 +59,15 @@ async def _one(
 
 
 async def run_load(
-    url: str, trace: list[TraceRequest], api_key: str | None = None, progress: bool = False
+    url: str,
+    trace: list[TraceRequest],
+    api_key: str | None = None,
+    progress: bool = False,
+    max_concurrency: int | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Send every request at its arrival time; returns the records and the run's duration."""
+    """Send every request at its arrival time, with at most max_concurrency in flight (a request
+    over it is sent, and its latencies start, once one ends); returns the records and the run's
+    duration."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=None)
     connector = aiohttp.TCPConnector(limit=0)  # as many open streams as requests in flight
@@ -70,7 +76,13 @@ async def run_load(
     ) as session:
         model = await model_name(session, url)
         start = time.perf_counter()
-        tasks = [asyncio.create_task(_one(session, url, model, r, start)) for r in trace]
+        slots = asyncio.Semaphore(max_concurrency or len(trace) or 1)
+
+        async def bounded(request: TraceRequest) -> RequestRecord:
+            async with slots:
+                return await _one(session, url, model, request, start)
+
+        tasks = [asyncio.create_task(bounded(r)) for r in trace]
         bar = None
         if progress:
             from tqdm import tqdm

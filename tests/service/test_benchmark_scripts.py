@@ -167,6 +167,14 @@ CASES = [
          "by_overhead_ms.5.paged.throughput_over_oracle"),
     ),
     Case(
+        "speculative",
+        lambda m, out: ["--model", str(m), "--workloads", "repeat,random",
+                        "--concurrency", "1:1,2:2", "--output-len", "4", "--passage-words", "5",
+                        "--random-input-len", "8", "--threads", "1", "--output", str(out)],
+        ("workload", "servers.pagedserve off.results.random.1.output_throughput",
+         "servers.pagedserve ngram.results.repeat.2.output_throughput"),
+    ),
+    Case(
         "structured_output",
         lambda m, out: ["--model", str(m), "--device", "cpu", "--num-requests", "2",
                         "--max-tokens", "4", "--rounds", "1", "--json", str(out)],
