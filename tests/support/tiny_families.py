@@ -156,6 +156,9 @@ FAMILIES = {
             },
         ),
     ),
+    # OLMo 2: post-norms, q/k RMSNorm over each whole projection; one KV head, so that two
+    # ranks each hold it (the k norm's mean square must count it once).
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_key_value_heads=1)),
 }
 
 

@@ -7,6 +7,7 @@ from services.executor.models.gemma2 import Gemma2ForCausalLM
 from services.executor.models.gemma3 import Gemma3ForCausalLM
 from services.executor.models.llama import LlamaForCausalLM, MistralForCausalLM
 from services.executor.models.mixtral import MixtralForCausalLM
+from services.executor.models.olmo2 import Olmo2ForCausalLM
 from services.executor.models.phi3 import Phi3ForCausalLM
 from services.executor.models.qwen2 import Qwen2ForCausalLM
 from services.executor.models.qwen3 import Qwen3ForCausalLM
@@ -23,6 +24,7 @@ FAMILIES: tuple[type[DecoderForCausalLM], ...] = (
     Gemma3ForCausalLM,
     MixtralForCausalLM,
     Qwen3MoeForCausalLM,
+    Olmo2ForCausalLM,
 )
 ARCHITECTURES: dict[str, type[DecoderForCausalLM]] = {
     name: family for family in FAMILIES for name in family.architectures

@@ -134,12 +134,34 @@ class OffsetRMSNorm(nn.Module):
         return (h * (1.0 + self.weight.float())).to(x.dtype)
 
 
+class Fp32ScaleRMSNorm(nn.Module):
+    """OLMo 2's RMSNorm: scaled by the weight in fp32, then cast back. With a shard, over a
+    projection split by heads across ranks: the mean square is the whole projection's."""
+
+    def __init__(self, dim: int, eps: float, shard: Shard | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))  # this rank's part of the projection
+        self.eps = eps
+        self.shard = shard or Shard()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        h = x.float()
+        if self.shard.size == 1:
+            mean_square = h.pow(2).mean(-1, keepdim=True)
+        else:
+            # Every rank holds an equal width (a replicated KV head counts once per rank that
+            # holds it, in the sum and in the width alike).
+            total = self.shard.all_reduce(h.pow(2).sum(-1, keepdim=True))
+            mean_square = total / (h.shape[-1] * self.shard.size)
+        return (self.weight * (h * torch.rsqrt(mean_square + self.eps))).to(x.dtype)
+
+
 def make_norm(spec: ModelSpec, dim: int) -> nn.Module:
-    return (
-        OffsetRMSNorm(dim, spec.rms_norm_eps)
-        if spec.norm_offset
-        else RMSNorm(dim, spec.rms_norm_eps)
-    )
+    if spec.norm_offset:
+        return OffsetRMSNorm(dim, spec.rms_norm_eps)
+    if spec.norm_scale_fp32:
+        return Fp32ScaleRMSNorm(dim, spec.rms_norm_eps)
+    return RMSNorm(dim, spec.rms_norm_eps)
 
 
 # Between these row counts MKL runs W @ x^T faster than x @ W^T on this class of CPU (skinny
@@ -226,12 +248,7 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = x.shape[0]
-        q, k, v = linear(x, self.qkv_proj).split(self.split, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:  # per head, before rotary
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.project(x)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         self.ops.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
         o = self.ops.paged_attention(
@@ -239,6 +256,21 @@ class Attention(nn.Module):
         )
         # Row-parallel: each rank holds some heads' share of the output; the sum is the output.
         return self.shard.all_reduce(linear(o.reshape(num_tokens, -1), self.o_proj))
+
+    def project(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [num_tokens, heads, head_dim], k and v [num_tokens, kv_heads, head_dim], normed
+        where the family norms them, before rotary."""
+        num_tokens = x.shape[0]
+        q, k, v = linear(x, self.qkv_proj).split(self.split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:  # per head
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
 
 
 class GatedMLP(nn.Module):

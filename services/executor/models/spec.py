@@ -49,6 +49,7 @@ class ModelSpec:
     hidden_act: str = "silu"  # the gate's activation: silu, or gelu_pytorch_tanh (GeGLU)
     qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head before rotary
     norm_offset: float = 0.0  # Gemma: norms scale by (offset + weight)
+    norm_scale_fp32: bool = False  # OLMo 2: norms scale by the weight before the cast back
     embed_scale: float = 1.0  # Gemma: embeddings times sqrt(hidden_size)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # Gemma 2: tanh soft-capping of attention scores
