@@ -111,8 +111,9 @@ class RayReplica:
         rank; the liveness refs, or None when stopping first."""
         bundles = [self.resources.bundle()] * self.engine.parallel.tensor_parallel_size
         self._group = placement_group(bundles, strategy=self.strategy)
+        reserved = self._group.ready()  # one ref: each ready() call submits a task
         while not self._stopping.is_set():
-            ready, _ = ray.wait([self._group.ready()], timeout=WAIT_S)
+            ready, _ = ray.wait([reserved], timeout=WAIT_S)
             if ready:
                 break
         else:

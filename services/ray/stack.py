@@ -27,8 +27,9 @@ class RayStack(Stack):
         super().__init__(args)
         self.replicas: list[RayReplica] = []
         self._lock = threading.Lock()  # the placement file is written from watcher threads
-        address = args.ray_address
-        ray.init(address=None if address == "auto" else address, log_to_driver=False)
+        # "auto": the cluster this machine is a node of. The ranks' output stays in Ray's worker
+        # logs on their nodes rather than crowding this process's.
+        ray.init(address=args.ray_address, log_to_driver=False)
         # The address ranks on other nodes reach this machine at (its Ray node's).
         self.host_ip = ray.util.get_node_ip_address()
 

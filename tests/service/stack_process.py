@@ -43,6 +43,7 @@ class ServeProcess:
         for line in self.proc.stdout:
             if line.startswith("pagedserve: ready"):
                 info = json.loads(line.split(" ", 2)[2])
+                self.info = info  # the whole ready line (serve --ray-address: its placement)
                 self.port = int(info["url"].rsplit(":", 1)[1])
                 self.url = f"http://127.0.0.1:{self.port}"  # whatever --host it listens on
                 self.pids = info["pids"]

@@ -204,6 +204,8 @@ def _at(data, dotted: str):
 SMOKED_ELSEWHERE = {
     "lm_eval_mc": ROOT / "tests" / "service" / "test_lm_eval.py",
     "load_memory": ROOT / "tests" / "service" / "test_load_memory.py",  # its figure checked there
+    # On the Ray test cluster that module starts anyway (a cluster of its own would cost more).
+    "ray_startup": ROOT / "tests" / "service" / "test_ray_cluster.py",
 }
 
 
