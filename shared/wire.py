@@ -1,10 +1,12 @@
 """msgpack encoding of the protocol records: versioned envelopes of plain values, never pickle.
 
 A record travels as the list of its field values in declaration order (no field names: smaller,
-and msgpack packs lists faster than maps). Each record type gets an encoder and a decoder built
-once from its type hints, so a step's plan of hundreds of sequences costs no per-value type
-inspection: it is on every step's critical path (the executor decodes the plan before it can
-start, and encodes the result before the scheduler can go on).
+and msgpack packs lists faster than maps); the per-step records leave off their trailing fields
+at their defaults (a decode's sequence needs none of its optional ones). Each record type gets
+an encoder and a decoder built once from its type hints, so a step's plan of hundreds of
+sequences costs no per-value type inspection: it is on every step's critical path (the
+executor decodes the plan before it can start, and encodes the result before the scheduler can
+go on).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import msgpack
 from shared import protocol
 from shared.sampling import SamplingParams
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
@@ -113,14 +115,43 @@ def _to_plain(value: Any) -> Any:
 def _record_encoder(cls: type) -> Callable[[Any], Any]:
     hints = _hints(cls)
     fields = [(f.name, _encoder(hints[f.name])) for f in dataclasses.fields(cls)]
+    # Requests from clients travel whole: they are checked field by field on arrival.
+    defaults = [_NO_DEFAULT] * len(fields) if cls in _CHECKED else _plain_defaults(cls)
 
     def encode_record(value: Any) -> list:
-        return [
+        out = [
             getattr(value, name) if enc is None else enc(getattr(value, name))
             for name, enc in fields
         ]
+        end = len(out)
+        while end and _is_default(out[end - 1], defaults[end - 1]):
+            end -= 1
+        return out[:end] if end < len(out) else out
 
     return encode_record
+
+
+_NO_DEFAULT = object()
+
+
+def _plain_defaults(cls: type) -> list[Any]:
+    """Each field's default as the encoder writes it; _NO_DEFAULT for a required field."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            out.append(_NO_DEFAULT)
+            continue
+        out.append(_to_plain(default))
+    return out
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    # Same type too: a False must not travel as a left-off 0 (or 0.0) and come back as one.
+    return default is not _NO_DEFAULT and type(value) is type(default) and value == default
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -199,15 +230,21 @@ def _record_decoder(cls: type) -> Callable[[Any], Any]:
         checks = [(i, name, _wire_types(hints[name])) for i, name in enumerate(fields)]
         checks = [(i, name, types_) for i, name, types_ in checks if types_ is not None]
     num_fields = len(fields)
+    # Trailing fields at their defaults are left off by the encoder; the required ones never.
+    num_required = sum(
+        f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        for f in dataclasses.fields(cls)
+    )
 
     def decode_record(value: Any) -> Any:
-        if not isinstance(value, list) or len(value) != num_fields:
+        if not isinstance(value, list) or not num_required <= len(value) <= num_fields:
             raise TypeError(f"{cls.__name__} needs {num_fields} fields")
+        present = len(value)
         for i, name, allowed in checks:
-            if not isinstance(value[i], allowed):
+            if i < present and not isinstance(value[i], allowed):
                 raise TypeError(f"field {name} is a {type(value[i]).__name__}")
         for i, convert in converters:
-            if value[i] is not None:
+            if i < present and value[i] is not None:
                 value[i] = convert(value[i])
         return cls(*value)
 
