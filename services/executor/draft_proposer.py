@@ -72,6 +72,13 @@ class DraftProposer:
         pool only the copies (a swapped sequence's table is replaced, its draft KV recomputed)."""
         for device_block, cpu_block in swap_out:
             self._cpu_tokens[cpu_block] = list(self._device_tokens[device_block])
+        if swap_out:
+            # Its blocks go to others meanwhile, and swap-in may hand it the same ids again:
+            # a swapped-out sequence's draft KV is recomputed whatever its next table says.
+            moved = {device_block for device_block, _ in swap_out}
+            for state in self._seqs.values():
+                if not moved.isdisjoint(state.blocks):
+                    state.blocks, state.num_computed = [], 0
         for cpu_block, device_block in swap_in:
             self._device_tokens[device_block] = list(self._cpu_tokens[cpu_block])
         for src, dst in copies:

@@ -46,7 +46,7 @@ def _proposer(draft_dir, num_blocks: int = 64) -> DraftProposer:
     )
     sampling = SamplingStates(VOCAB, (2,), CPU, seed=0, make_matcher=None)
     tables = DeviceBlockTables(512 // BLOCK, CPU)
-    return DraftProposer(model, cache, tables, sampling, 0, reference_views=True)
+    return DraftProposer(model, cache, tables, sampling, 16, reference_views=True)
 
 
 class _Seq:
@@ -158,3 +158,19 @@ def test_sampled_proposals_follow_their_distribution_and_repeat_per_seed(draft_d
     wanted = [*expected[common].tolist(), *([expected[rare].sum().item()] if rare.any() else [])]
     scale = sum(observed) / sum(wanted)  # chisquare wants equal totals
     assert chisquare(observed, [w * scale for w in wanted]).pvalue > 1e-3
+
+
+def test_a_swapped_sequence_recomputes_even_into_the_same_block_ids(draft_dir) -> None:
+    proposer = _proposer(draft_dir)
+    prompt = random_prompts([40], VOCAB, seed=9)[0]
+    seq = _Seq(proposer, 1, 0, SamplingParams(temperature=0.0))
+    seq.step(prompt[:-1], 0)
+    proposals, _ = seq.step([prompt[-1]], len(prompt) - 1, 3)
+    proposer.accepted(1, len(prompt))
+    history = prompt + [proposals[0] + 1]
+    blocks = list(seq.blocks)
+    proposer.apply([(b, i) for i, b in enumerate(blocks)], [], [])
+    proposer.cache.device.normal_()  # others' draft KV written into the freed blocks meanwhile
+    proposer.apply([], [(i, b) for i, b in enumerate(blocks)], [])  # back into the same ids
+    proposals, _ = seq.step([history[-1]], len(history) - 1, 3, replace=True)
+    assert proposals == hf_generate(draft_dir, tuple(history), 3)
