@@ -182,3 +182,32 @@ def test_orca_reservations_keep_their_blocks_through_rollback(tiny_model_dir):
     spec, engine = _run(_ngram(config, 3), REPETITIVE, LONG_GREEDY)
     assert spec == plain
     assert _accepted(engine) > 0
+
+
+def test_accepted_tokens_carry_the_logprobs_of_plain_decoding(tiny_model_dir):
+    config = engine_config(tiny_model_dir, block_size=8)
+    sampling = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, logprobs=2)
+
+    def logprobs(cfg: EngineConfig) -> tuple[list[list], LLMEngine]:
+        engine = LLMEngine(cfg)
+        outputs = engine.generate(REPETITIVE, sampling)
+        rows = [[(t.token_id, t.logprob) for t in o.outputs[0].logprobs] for o in outputs]
+        return rows, engine
+
+    plain, _ = logprobs(config)
+    spec, engine = logprobs(_ngram(config, 3))
+    assert _accepted(engine) > 0
+    assert [[t for t, _ in row] for row in spec] == [[t for t, _ in row] for row in plain]
+    for spec_row, plain_row in zip(spec, plain):
+        assert [lp for _, lp in spec_row] == pytest.approx([lp for _, lp in plain_row], abs=1e-4)
+
+
+def test_beam_search_runs_beside_speculation_without_speculating(tiny_model_dir):
+    config = engine_config(tiny_model_dir, block_size=8)
+    beams = SamplingParams(
+        max_tokens=12, n=2, use_beam_search=True, temperature=0.0, ignore_eos=True
+    )
+    plain, _ = _run(config, REPETITIVE[:2], beams)
+    spec, engine = _run(_ngram(config, 3), REPETITIVE[:2], beams)
+    assert spec == plain
+    assert engine.scheduler.speculation.num_proposed == 0
