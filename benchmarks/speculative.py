@@ -130,10 +130,29 @@ class Server:
             found.append(float(match.group(1)) if match else 0.0)
         return found[0], found[1]
 
+    def llama_acceptance(self, start: int) -> tuple[int, int]:
+        """llama-server's (accepted, generated) draft tokens in its log from byte `start` on
+        (its slots print them per request)."""
+        self.log.flush()
+        with open(self.log_path, errors="replace") as log:
+            log.seek(start)
+            found = re.findall(
+                r"draft acceptance = [0-9.]+ \( *(\d+) accepted / *(\d+)", log.read()
+            )
+        return sum(int(a) for a, _ in found), sum(int(g) for _, g in found)
+
     def measure(self, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
+        if self.proc.poll() is not None:
+            print(f"  {self.label:24} exited ({self.proc.returncode}): not measured", flush=True)
+            return {"error": f"server exited with {self.proc.returncode}"}
         trace = [TraceRequest(0.0, tuple(p), output_len) for p in prompts]
         before = self.spec_counters()
-        records, duration = asyncio.run(run_load(self.url, trace, max_concurrency=concurrency))
+        log_start = self.log_path.stat().st_size
+        try:
+            records, duration = asyncio.run(run_load(self.url, trace, max_concurrency=concurrency))
+        except Exception as exc:  # noqa: BLE001 - a server that died mid-run: recorded, go on
+            print(f"  {self.label:24} failed: {exc!r}", flush=True)
+            return {"error": repr(exc)}
         after = self.spec_counters()
         summary = summarize(records, duration)
         summary["output_tokens"] = sum(r.output_len for r in records)
@@ -143,6 +162,12 @@ class Server:
             summary["spec_proposed"] = proposed
             summary["spec_accepted"] = accepted
             summary["acceptance_rate"] = accepted / proposed if proposed else None
+        elif self.label.startswith("llama.cpp"):
+            accepted, proposed = self.llama_acceptance(log_start)
+            if proposed:
+                summary["spec_proposed"] = proposed
+                summary["spec_accepted"] = accepted
+                summary["acceptance_rate"] = accepted / proposed
         rate = summary.get("acceptance_rate")
         print(
             f"  {self.label:24} c={concurrency:<3} {summary.get('output_throughput', 0):7.1f} "
@@ -185,6 +210,11 @@ def main() -> None:
         default="--spec-type ngram-simple --spec-ngram-simple-size-n 3 "
         "--spec-ngram-simple-size-m {k} --spec-draft-n-max {k}",
         help="llama-server's own speculation flags for its second configuration",
+    )
+    parser.add_argument(
+        "--llama-draft-gguf",
+        default=None,
+        help="adds llama-server with this draft model (-md, --spec-type draft-simple)",
     )
     parser.add_argument("--tokenizer", default=None, help="default: the embedded model's")
     parser.add_argument("--workloads", default="repeat,code,random")
