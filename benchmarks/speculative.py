@@ -211,11 +211,6 @@ def main() -> None:
         "--spec-ngram-simple-size-m {k} --spec-draft-n-max {k}",
         help="llama-server's own speculation flags for its second configuration",
     )
-    parser.add_argument(
-        "--llama-draft-gguf",
-        default=None,
-        help="adds llama-server with this draft model (-md, --spec-type draft-simple)",
-    )
     parser.add_argument("--tokenizer", default=None, help="default: the embedded model's")
     parser.add_argument("--workloads", default="repeat,code,random")
     parser.add_argument(
