@@ -211,6 +211,11 @@ def main() -> None:
         "--spec-ngram-simple-size-m {k} --spec-draft-n-max {k}",
         help="llama-server's own speculation flags for its second configuration",
     )
+    parser.add_argument(
+        "--llama-draft-gguf",
+        default=None,
+        help="adds llama-server with this draft model (-md, --spec-type draft-simple)",
+    )
     parser.add_argument("--tokenizer", default=None, help="default: the embedded model's")
     parser.add_argument("--workloads", default="repeat,code,random")
     parser.add_argument(
@@ -258,7 +263,13 @@ def main() -> None:
             gguf = args.gguf or str(embedded_gguf_path())
             slots = max(c for c, _ in levels)
             ctx = slots * 1024
-            for label, extra in (("", ""), (" ngram", args.llama_spec_args.format(k=k))):
+            llama_configs = [("", ""), (" ngram", args.llama_spec_args.format(k=k))]
+            if args.llama_draft_gguf:
+                draft = shlex.quote(args.llama_draft_gguf)
+                llama_configs.append(
+                    (" draft", f"-md {draft} --spec-type draft-simple --spec-draft-n-max {k}")
+                )
+            for label, extra in llama_configs:
                 port = free_port()
                 argv = [
                     args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
