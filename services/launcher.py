@@ -280,8 +280,12 @@ def _wires(addresses: Addresses) -> list[str]:
 def serve(args: argparse.Namespace) -> int:
     check_exposure(args)  # before any process starts
     if getattr(args, "ray_address", None):
-        from services.ray.stack import RayStack  # Ray is imported on this path only
-
+        try:
+            from services.ray.stack import RayStack  # Ray is imported on this path only
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray":
+                raise
+            raise ValueError("--ray-address needs Ray: pip install 'pagedserve[ray]'") from exc
         stack = RayStack(args)
     else:
         stack = Stack(args)

@@ -20,6 +20,7 @@ from shared.config import EngineConfig
 
 log = logging.getLogger("pagedserve.ray")
 WAIT_S = 0.5  # how often a waiting watcher looks up to see whether the stack is stopping
+PENDING_WARNING_S = 10.0  # a replica that cannot be placed for this long says so, once
 
 _RankActor = ray.remote(max_restarts=0)(RankProcess)
 
@@ -112,10 +113,15 @@ class RayReplica:
         bundles = [self.resources.bundle()] * self.engine.parallel.tensor_parallel_size
         self._group = placement_group(bundles, strategy=self.strategy)
         reserved = self._group.ready()  # one ref: each ready() call submits a task
+        waited = 0.0
         while not self._stopping.is_set():
             ready, _ = ray.wait([reserved], timeout=WAIT_S)
             if ready:
                 break
+            waited += WAIT_S
+            if waited == PENDING_WARNING_S:
+                log.warning("replica %d waits for the cluster to have room for %s (%s)",
+                            self.index, bundles, self.strategy)  # fmt: skip
         else:
             return None
         self._actors = [

@@ -24,12 +24,17 @@ _FORWARDED_ENV = ("OMP_NUM_THREADS", "TRITON_INTERPRET", "HF_HOME", "HF_HUB_OFFL
 
 class RayStack(Stack):
     def __init__(self, args) -> None:
+        # "auto": the cluster this machine is a node of. The ranks' output stays in Ray's worker
+        # logs on their nodes rather than crowding this process's.
+        if args.ray_address != "auto":
+            _check_reachable(args.ray_address)  # ray.init would retry a wrong one for minutes
+        try:
+            ray.init(address=args.ray_address, log_to_driver=False)
+        except ConnectionError as exc:
+            raise ValueError(f"no Ray cluster at {args.ray_address}: {exc}") from exc
         super().__init__(args)
         self.replicas: list[RayReplica] = []
         self._lock = threading.Lock()  # the placement file is written from watcher threads
-        # "auto": the cluster this machine is a node of. The ranks' output stays in Ray's worker
-        # logs on their nodes rather than crowding this process's.
-        ray.init(address=args.ray_address, log_to_driver=False)
         # The address ranks on other nodes reach this machine at (its Ray node's).
         self.host_ip = ray.util.get_node_ip_address()
 
@@ -123,6 +128,14 @@ class RayStack(Stack):
         for replica in self.replicas:
             replica.stop()
         ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout_s).close()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"no Ray cluster answers at {address} (HOST:PORT): {exc}") from exc
 
 
 def _free_port(host: str) -> int:
