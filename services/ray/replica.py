@@ -10,11 +10,12 @@ import threading
 from collections.abc import Callable
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from services.config_args import config_json_argv
 from services.ray.rank_process import RankProcess
+from services.ray.spread import ReplicaSpread
 from services.restart_budget import RestartBudget
 from shared.config import EngineConfig
 
@@ -45,6 +46,7 @@ class RayReplica:
         env: dict[str, str],
         resources: RankResources,
         strategy: str,
+        spread: ReplicaSpread,
         budget: RestartBudget,
         on_event: Callable[[str, RayReplica], None],
     ) -> None:
@@ -54,6 +56,7 @@ class RayReplica:
         self.env = env  # passed to every rank's process, on whichever node
         self.resources = resources
         self.strategy = strategy  # of the ranks within this replica's placement group
+        self.spread = spread  # shared by the replicas: each keeps off the others' nodes
         self.budget = budget
         self.on_event = on_event  # ("placed" | "lost" | "given up", self), from the watcher
         self.nodes: list[str] = []  # node id per rank, once placed
@@ -111,7 +114,7 @@ class RayReplica:
         """Reserve the ranks' bundles (waiting for resources as long as it takes), start every
         rank; the liveness refs, or None when stopping first."""
         bundles = [self.resources.bundle()] * self.engine.parallel.tensor_parallel_size
-        self._group = placement_group(bundles, strategy=self.strategy)
+        self._group = self.spread.reserve(self.index, bundles, self.strategy)
         reserved = self._group.ready()  # one ref: each ready() call submits a task
         waited = 0.0
         while not self._stopping.is_set():
@@ -124,6 +127,7 @@ class RayReplica:
                             self.index, bundles, self.strategy)  # fmt: skip
         else:
             return None
+        self.spread.placed(self.index, self._group)
         self._actors = [
             _RankActor.options(
                 num_cpus=self.resources.cpus,
@@ -171,6 +175,7 @@ class RayReplica:
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
+        self.spread.forget(self.index)
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None

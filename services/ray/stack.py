@@ -14,6 +14,7 @@ import ray
 
 from services.launcher import Stack
 from services.ray.replica import RankResources, RayReplica
+from services.ray.spread import ReplicaSpread
 from services.restart_budget import RestartBudget
 from shared.config import EngineConfig
 from shared.ipc import Addresses
@@ -34,6 +35,7 @@ class RayStack(Stack):
             raise ValueError(f"no Ray cluster at {args.ray_address}: {exc}") from exc
         super().__init__(args)
         self.replicas: list[RayReplica] = []
+        self.spread = ReplicaSpread()
         self._lock = threading.Lock()  # the placement file is written from watcher threads
         # The address ranks on other nodes reach this machine at (its Ray node's).
         self.host_ip = ray.util.get_node_ip_address()
@@ -63,6 +65,7 @@ class RayStack(Stack):
             {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ},
             RankResources(cpus=args.ray_cpus_per_rank, gpus=gpus),
             args.ray_placement_strategy,
+            self.spread,
             RestartBudget(args.max_restarts, args.restart_window),
             self._on_replica_event,
         )

@@ -26,7 +26,7 @@ from tests.service.stack_process import (
 from tests.support.polling import eventually
 from tests.support.reference_model import MAX_NEW_TOKENS
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 MB = 1024 * 1024
@@ -68,6 +68,24 @@ def _serve(cluster, model_dir, *extra: str) -> ServeProcess:
         model_dir, "--ray-address", cluster.address, "--num-device-blocks", "128",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "256", *extra,
     )  # fmt: skip
+
+
+def test_replicas_keep_off_each_others_nodes_while_another_node_has_room(cluster):
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from services.ray.spread import ReplicaSpread
+
+    ray.init(address=cluster.address)
+    try:
+        spread, half = ReplicaSpread(), [{"CPU": 0.5}]  # two would fit on one node
+        groups = [spread.reserve(i, half, "STRICT_PACK") for i in range(3)]
+        nodes = [placement_group_table(g)["bundles_to_node_id"][0] for g in groups]
+        assert nodes[0] != nodes[1]
+        assert nodes[2] in nodes[:2]  # no free node left: any node rather than none
+        for group in groups:
+            remove_placement_group(group)
+    finally:
+        ray.shutdown()
 
 
 async def test_tensor_parallel_ranks_on_two_nodes_give_transformers_greedy_tokens(
