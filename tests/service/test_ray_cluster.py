@@ -32,7 +32,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 MB = 1024 * 1024
 # The smallest object store Ray accepts: nothing here goes through it but actor handles.
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * MB}
-LONG_TOKENS = 400  # the lost replica's streams are still running when its node goes
+LONG_TOKENS = 400  # the lost replica's streams still run when its node goes
 
 
 @pytest.fixture(scope="module")
