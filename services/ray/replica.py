@@ -97,6 +97,7 @@ class RayReplica:
             except ray.exceptions.RayError as exc:  # a node lost while its ranks started
                 log.error("replica %d: placing failed: %s", self.index, type(exc).__name__)
                 self._teardown()
+                self._stopping.wait(WAIT_S)  # not a tight loop while the cluster settles
                 continue
             if done is None:
                 return  # stopping
