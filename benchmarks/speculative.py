@@ -149,7 +149,9 @@ class Server:
         before = self.spec_counters()
         log_start = self.log_path.stat().st_size
         try:
-            records, duration = asyncio.run(run_load(self.url, trace, max_concurrency=concurrency))
+            records, duration = asyncio.run(
+                run_load(self.url, trace, max_concurrency=concurrency, fresh_connections=True)
+            )
         except Exception as exc:  # noqa: BLE001 - a server that died mid-run: recorded, go on
             print(f"  {self.label:24} failed: {exc!r}", flush=True)
             return {"error": repr(exc)}

@@ -64,13 +64,16 @@ async def run_load(
     api_key: str | None = None,
     progress: bool = False,
     max_concurrency: int | None = None,
+    fresh_connections: bool = False,
 ) -> tuple[list[RequestRecord], float]:
     """Send every request at its arrival time, with at most max_concurrency in flight (a request
     over it is sent, and its latencies start, once one ends); returns the records and the run's
-    duration."""
+    duration. fresh_connections: one connection per request (llama-server may close an idle
+    kept-alive connection just as the client reuses it)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout = aiohttp.ClientTimeout(total=None)
-    connector = aiohttp.TCPConnector(limit=0)  # as many open streams as requests in flight
+    # As many open streams as requests in flight.
+    connector = aiohttp.TCPConnector(limit=0, force_close=fresh_connections)
     async with aiohttp.ClientSession(
         headers=headers, timeout=timeout, connector=connector
     ) as session:
