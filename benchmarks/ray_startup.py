@@ -24,8 +24,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # as on a 1-CPU Ray node, for both ways
 
 
-def start_once(model: str, extra: list[str], timeout_s: float) -> float:
-    """Seconds from the command to the ready line; the server is stopped before returning."""
+def start_once(model: str, extra: list[str], timeout_s: float) -> tuple[float, dict]:
+    """Seconds from the command to the ready line, and that line's JSON; the server is stopped
+    before returning."""
     argv = [
         sys.executable, "-m", "services.cli", "serve", "--model", model, "--port", "0", *extra,
     ]  # fmt: skip
@@ -34,7 +35,7 @@ def start_once(model: str, extra: list[str], timeout_s: float) -> float:
     try:
         for line in proc.stdout:
             if line.startswith("pagedserve: ready"):
-                return time.perf_counter() - start
+                return time.perf_counter() - start, json.loads(line.split(" ", 2)[2])
         raise RuntimeError(f"serve {' '.join(extra)} exited with {proc.wait()} before ready")
     finally:
         if proc.poll() is None:
@@ -88,13 +89,19 @@ def main() -> None:
     every_way = {"launcher": [], "ray": ["--ray-address", address]}
     ways = {way: every_way[way] for way in args.ways.split(",")}
     seconds: dict[str, list[float]] = {way: [] for way in ways}
+    # Of a start on Ray, Ray's own steps (the rest is the same processes as the launcher's).
+    ray_steps: dict[str, list[float]] = {"connect": [], "place": []}
     try:
         for _ in range(args.warmup):
             start_once(args.model, [], args.timeout)
         for _ in range(args.rounds):
             for way, extra in ways.items():
                 time.sleep(args.settle)
-                seconds[way].append(start_once(args.model, extra, args.timeout))
+                elapsed, ready = start_once(args.model, extra, args.timeout)
+                seconds[way].append(elapsed)
+                if "ray_s" in ready:
+                    ray_steps["connect"].append(ready["ray_s"]["connect"])
+                    ray_steps["place"].append(max(ready["ray_s"]["place"]))
                 print(f"{way}: {seconds[way][-1]:.2f} s", flush=True)
     finally:
         if cluster is not None:
@@ -109,6 +116,8 @@ def main() -> None:
         "ray_cluster_start_s": cluster_s,
         "startup_s": seconds,
         "median_startup_s": {way: statistics.median(s) for way, s in seconds.items()},
+        "ray_steps_s": ray_steps,
+        "median_ray_steps_s": {k: statistics.median(v) for k, v in ray_steps.items() if v},
     }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2) + "\n")

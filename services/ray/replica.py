@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import ray
@@ -61,6 +62,7 @@ class RayReplica:
         self.on_event = on_event  # ("placed" | "lost" | "given up", self), from the watcher
         self.nodes: list[str] = []  # node id per rank, once placed
         self.replacements = 0  # times the replica was placed again after a loss
+        self.place_s: float | None = None  # what Ray's part of the last placement took
         self._group = None
         self._actors: list = []
         self._stopping = threading.Event()
@@ -114,6 +116,7 @@ class RayReplica:
     def _place(self) -> list | None:
         """Reserve the ranks' bundles (waiting for resources as long as it takes), start every
         rank; the liveness refs, or None when stopping first."""
+        started = time.perf_counter()
         bundles = [self.resources.bundle()] * self.engine.parallel.tensor_parallel_size
         self._group = self.spread.reserve(self.index, bundles, self.strategy)
         reserved = self._group.ready()  # one ref: each ready() call submits a task
@@ -141,6 +144,7 @@ class RayReplica:
         ]
         nodes = ray.get([actor.node.remote() for actor in self._actors])
         self.nodes = [n["node_id"] for n in nodes]
+        self.place_s = time.perf_counter() - started  # reserved, and every rank's actor up
         engine = self.engine
         if len(self._actors) > 1:
             # The rendezvous lives where rank 0 runs; the other ranks are started here, not by it.

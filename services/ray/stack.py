@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 import ray
 
@@ -29,10 +30,12 @@ class RayStack(Stack):
         # logs on their nodes rather than crowding this process's.
         if args.ray_address != "auto":
             _check_reachable(args.ray_address)  # ray.init would retry a wrong one for minutes
+        started = time.perf_counter()
         try:
             ray.init(address=args.ray_address, log_to_driver=False)
         except ConnectionError as exc:
             raise ValueError(f"no Ray cluster at {args.ray_address}: {exc}") from exc
+        self.connect_s = time.perf_counter() - started
         super().__init__(args)
         self.replicas: list[RayReplica] = []
         self.spread = ReplicaSpread()
@@ -112,7 +115,12 @@ class RayStack(Stack):
             os.replace(f"{path}.tmp", path)  # a scrape never reads half a file
 
     def ready_info(self) -> dict:
-        return {"placement": {str(r.index): r.nodes for r in self.replicas}}
+        """Where each replica's ranks run, and the seconds Ray's own steps took: connecting
+        this driver, and per replica reserving its group and starting its ranks' actors."""
+        return {
+            "placement": {str(r.index): r.nodes for r in self.replicas},
+            "ray_s": {"connect": self.connect_s, "place": [r.place_s for r in self.replicas]},
+        }
 
     def restart(self, name: str) -> bool:
         """A dead scheduler is restarted here; its replica's ranks are replaced by Ray."""
