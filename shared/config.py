@@ -247,7 +247,9 @@ class SpeculativeConfig:
     ngram_min: int = flag(1, "--ngram-min", "shortest n-gram the ngram proposer matches")
     ngram_max: int = flag(4, "--ngram-max", "longest n-gram the ngram proposer matches")
     # A verification step costs K+1 query rows per sequence: worth it while the step is bound
-    # by reading the weights (small batches), not once the batch itself fills the step.
+    # by reading the weights (small batches), not once the batch itself fills the step. 4: on
+    # the CPU, speculating at batch 64 lost 10-35% on repeat and code prompts while batch 4
+    # gained or broke even (benchmarks/speculative.py, docs/benchmarks.md).
     max_batch: int = flag(
         4, "--speculative-max-batch",
         "speculate only while the running batch has at most this many sequences",
