@@ -49,6 +49,17 @@ CASES = [
         (pytest.mark.slow,),  # its cost model is the embedded SmolLM2's
     ),
     Case(
+        "layer_skip_agreement",
+        lambda m, out: ["--model", str(m), "--tokens", "16", "--layers", "1", "--output", str(out)],
+        ("tokens", "agreement.1"),
+    ),
+    Case(
+        "make_layer_skip_draft",
+        lambda m, out: ["--model", str(m), "--layers", "1", "--out", str(out.parent / "draft"),
+                        "--json", str(out)],
+        ("draft", "num_hidden_layers"),
+    ),
+    Case(
         "cpu_linear_kernels",
         lambda m, out: ["--rows", "1", "--repeats", "1", "--threads", "1", "--json", str(out)],
         ("shape", "ms.1.fp32 mm", "ms.1._int_mm int8 x int8"),
