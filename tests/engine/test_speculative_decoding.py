@@ -14,6 +14,7 @@ from shared.config import EngineConfig, SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
 from tests.support.reference_model import CONTENDED_NEW_TOKENS, VOCAB
+from tests.support.speculation import run_checked as _run
 
 # Prompts that repeat themselves, and long enough runs that the random model's greedy output
 # falls into loops: the lookup then proposes tokens that verification accepts.
@@ -25,21 +26,6 @@ def _ngram(config: EngineConfig, k: int = 3) -> EngineConfig:
     # max_batch above every batch here: these tests are about correctness, not the rule.
     spec = SpeculativeConfig(method="ngram", num_tokens=k, max_batch=1000)
     return dataclasses.replace(config, speculative=spec)
-
-
-def _run(config: EngineConfig, prompts, sampling: SamplingParams):
-    """(each request's samples' tokens, the engine), the pool checked after every step and
-    left exact and empty."""
-    engine = LLMEngine(config)
-    outputs = engine.generate(
-        prompts, sampling, on_step=lambda e: e.scheduler.block_manager.check()
-    )
-    manager = engine.scheduler.block_manager
-    manager.check()
-    assert manager.device.num_free == manager.device.num_blocks
-    assert manager.cpu.num_free == manager.cpu.num_blocks
-    assert not manager.tables and not manager.cpu_tables
-    return [[c.token_ids for c in o.outputs] for o in outputs], engine
 
 
 def _accepted(engine: LLMEngine) -> int:

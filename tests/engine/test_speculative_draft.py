@@ -16,6 +16,7 @@ from shared.config import EngineConfig, SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, make_tiny_llama, random_prompts
 from tests.support.reference_model import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS, VOCAB
+from tests.support.speculation import run_checked as _run
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
@@ -41,21 +42,6 @@ def _draft(config: EngineConfig, draft_dir, k: int = 3) -> EngineConfig:
         method="draft", num_tokens=k, max_batch=1000, draft_model=str(draft_dir)
     )
     return dataclasses.replace(config, speculative=spec)
-
-
-def _run(config: EngineConfig, prompts, sampling: SamplingParams):
-    """(each request's samples' tokens, the engine), the pool checked after every step and
-    left exact and empty."""
-    engine = LLMEngine(config)
-    outputs = engine.generate(
-        prompts, sampling, on_step=lambda e: e.scheduler.block_manager.check()
-    )
-    manager = engine.scheduler.block_manager
-    manager.check()
-    assert manager.device.num_free == manager.device.num_blocks
-    assert manager.cpu.num_free == manager.cpu.num_blocks
-    assert not manager.tables and not manager.cpu_tables
-    return [[c.token_ids for c in o.outputs] for o in outputs], engine
 
 
 def test_a_draft_equal_to_the_target_accepts_every_proposal(tiny_model_dir, prompts, hf_greedy):
