@@ -38,7 +38,14 @@ def pytest_collection_modifyitems(config, items) -> None:
     """`make test` spreads tests over two xdist workers one by one, except those that share a
     module- or class-scoped fixture (a served stack, mostly): a module's such tests form a
     group that one worker runs, so its stack starts once. Session fixtures start once per
-    worker."""
+    worker.
+
+    PAGEDSERVE_TEST_IDS=FILE keeps only the node ids listed in FILE (one per line): how the
+    suite's time is compared like for like with an older commit's tests."""
+    if ids_file := os.environ.get("PAGEDSERVE_TEST_IDS"):
+        keep = {line.strip() for line in Path(ids_file).read_text().splitlines()}
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in keep])
+        items[:] = [item for item in items if item.nodeid in keep]
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
         if fixtures is None or item.get_closest_marker("xdist_group"):
