@@ -32,9 +32,10 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # The fast tier: tests/unit and tests/engine, no process started, no Triton interpreter
-# (tests/triton), no embedded model (marked slow). `make test` runs every tier (CI).
+# (tests/triton), no embedded model (marked slow). `make test` runs every tier (CI). Two
+# workers, as `make test`: one process takes about twice as long.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests/unit tests/engine
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests/unit tests/engine
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
