@@ -541,18 +541,7 @@ class Scheduler:
             targets = [seq] + [self._fork(group, seq, cid) for cid in entry.fork_seq_ids]
             update = updates.setdefault(group.request_id, GroupUpdate(group))
             for target in targets:
-                token = sampled[target.seq_id]
-                target.token_ids.append(token.token_id)
-                if group.sampling.logprobs is not None:
-                    target.logprobs.append(token)
-                if token.logprob is not None:
-                    target.cumulative_logprob += token.logprob
-                update.new_tokens.append((target, token))
-                reason = check_stop(
-                    group.sampling, target, token.token_id, self.eos_token_ids, self.max_seq_len
-                )
-                if reason is not None:
-                    self._finish(group, target, reason)
+                self._append_sampled(group, target, sampled[target.seq_id], update)
             self._remove_if_done(group, updates)
         for group in beam_groups:
             if all(s.seq_id in group.beam_draws for s in group.live_seqs()):
@@ -574,23 +563,31 @@ class Scheduler:
         seq, group = entry.seq, entry.group
         start = seq.num_computed_tokens  # the last real token's position
         for token in tokens:
-            seq.token_ids.append(token.token_id)
-            if group.sampling.logprobs is not None:
-                seq.logprobs.append(token)
-            if token.logprob is not None:
-                seq.cumulative_logprob += token.logprob
-            update.new_tokens.append((seq, token))
-            reason = check_stop(
-                group.sampling, seq, token.token_id, self.eos_token_ids, self.max_seq_len
-            )
-            if reason is not None:
-                self._finish(group, seq, reason)
+            if self._append_sampled(group, seq, token, update):
                 return
         # Every token before the new last one has its K/V written: the last real token and the
         # accepted proposals (the new last token's own K/V is the next step's).
         seq.num_computed_tokens = start + len(tokens)
         self.block_manager.trim(seq.seq_id, seq.num_computed_tokens)
         self.prefix_reuse.note_computed(self.block_manager, group, seq, len(tokens))
+
+    def _append_sampled(
+        self, group: SequenceGroup, seq: Sequence, token: SampledToken, update: GroupUpdate
+    ) -> bool:
+        """One sampled token joins seq and the update; True when it ends seq (then finished)."""
+        seq.token_ids.append(token.token_id)
+        if group.sampling.logprobs is not None:
+            seq.logprobs.append(token)
+        if token.logprob is not None:
+            seq.cumulative_logprob += token.logprob
+        update.new_tokens.append((seq, token))
+        reason = check_stop(
+            group.sampling, seq, token.token_id, self.eos_token_ids, self.max_seq_len
+        )
+        if reason is None:
+            return False
+        self._finish(group, seq, reason)
+        return True
 
     # ---- helpers ------------------------------------------------------------------------------
     def _plan_writes(
