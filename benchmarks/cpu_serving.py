@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,19 +27,9 @@ from pathlib import Path
 
 from services.bench.http_load import run_load
 from services.bench.latency import summarize
-from services.bench.server import free_port, wait_healthy, wait_ready_url
+from services.bench.server import free_port, stop_process_group, wait_healthy, wait_ready_url
 from services.bench.traces import TraceRequest
 from shared.model_source import embedded_gguf_path, resolve_model
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def pagedserve_argv(port: int, threads: int, extra: str) -> list[str]:
@@ -127,7 +116,7 @@ class Server:
         return summary
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process_group(self.proc)
         self.log.close()
 
 

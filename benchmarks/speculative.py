@@ -24,7 +24,6 @@ import os
 import random
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from services.bench.http_load import run_load
 from services.bench.latency import summarize
-from services.bench.server import free_port, wait_healthy, wait_ready_url
+from services.bench.server import free_port, stop_process_group, wait_healthy, wait_ready_url
 from services.bench.traces import TraceRequest
 from shared.model_source import embedded_gguf_path, resolve_model
 
@@ -182,13 +181,7 @@ class Server:
         return summary
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process_group(self.proc)
         self.log.close()
 
 

@@ -40,6 +40,18 @@ class Server:
                 self.proc.wait()
 
 
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """Stop a server started with start_new_session=True and everything it started: SIGINT to
+    its group (it stops its children in order), SIGKILL after a minute."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 READY_LINE = "pagedserve: ready "
 
 
