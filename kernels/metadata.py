@@ -25,6 +25,10 @@ class PrefillSpan:
     query_end: int  # one past its last row
     start_pos: int  # tokens already cached before this step; 0 means no cached context
     blocks: torch.Tensor  # [num_blocks] int64 block ids holding the whole context
+    # [num_layers, 2, num_kv_heads, capacity, head_dim]: the context's K/V laid out for attention,
+    # valid up to start_pos; this step's are written into it (services/executor/context_mirror.py).
+    # None: the context is gathered from the blocks.
+    mirror: torch.Tensor | None = None
 
 
 @dataclass
@@ -37,6 +41,7 @@ class ReferenceViews:
     decode_blocks: torch.Tensor  # [num_decodes, max_decode_blocks] int64 block ids, padded
     decode_mask: torch.Tensor  # [num_decodes, 1, 1, max_decode_blocks * block_size] bool
     prefills: list[PrefillSpan]
+    mirrored: bool = False  # some span has a mirror: attention calls then name their layer
 
 
 @dataclass
@@ -82,6 +87,7 @@ def metadata_from_table(
     block_size: int,
     reference_views: bool = True,
     rope_lens: list[int] | None = None,  # [num_seqs] ScheduledSeq.rope_len, 0 where None
+    mirrors: list[torch.Tensor | None] | None = None,  # [num_seqs] PrefillSpan.mirror
 ) -> AttentionMetadata:
     """The same, from block tables already on the device: one small host-to-device copy."""
     device = table.device
@@ -110,7 +116,9 @@ def metadata_from_table(
         max_query_len=max(query_lens, default=0),
         positions=position,
         reference=(
-            _reference_views(query_lens, start_positions, table, qsl, seq_lens, block_size, device)
+            _reference_views(
+                query_lens, start_positions, table, qsl, seq_lens, block_size, device, mirrors
+            )
             if reference_views
             else None
         ),
@@ -130,6 +138,7 @@ def _reference_views(
     lens: torch.Tensor,  # [num_seqs] int64
     block_size: int,
     device: torch.device | str,
+    mirrors: list[torch.Tensor | None] | None,
 ) -> ReferenceViews:
     decode_seq_idx, prefills = [], []
     row = 0  # host copies of qsl and lens: no per-sequence reads of device values
@@ -141,7 +150,8 @@ def _reference_views(
             max_decode_len = max(max_decode_len, seq_len)
         else:
             blocks = table[i, : -(-seq_len // block_size)]
-            prefills.append(PrefillSpan(row, row + q_len, start_positions[i], blocks))
+            mirror = None if mirrors is None else mirrors[i]
+            prefills.append(PrefillSpan(row, row + q_len, start_positions[i], blocks, mirror))
         row += q_len
     decode_idx = host_to_device(torch.tensor(decode_seq_idx, dtype=torch.int64), device)
     if decode_seq_idx:
@@ -157,4 +167,5 @@ def _reference_views(
         decode_blocks=decode_blocks,
         decode_mask=decode_mask[:, None, None, :],
         prefills=prefills,
+        mirrored=any(span.mirror is not None for span in prefills),
     )

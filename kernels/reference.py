@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.metadata import AttentionMetadata
+from kernels.metadata import AttentionMetadata, PrefillSpan
 
 
 def store_kv(
@@ -33,11 +33,13 @@ def paged_attention(
     new_value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim] this step's V
     softcap: float | None = None,  # Gemma 2: scores become softcap * tanh(scores / softcap)
     window: int | None = None,  # sliding window: a query at p sees keys at positions > p - window
+    layer: int | None = None,  # this call's layer: names its part of each PrefillSpan.mirror
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention of each sequence's new tokens over its whole cached context.
 
     Keys and values are gathered block by block through the block table; a sequence with no
     cached context (start_pos == 0) may read this step's K/V directly, the values store_kv wrote.
+    A prompt chunk with a mirror appends its K/V there and reads the context in place.
     With a window, prefills gather only the blocks the window reaches (earlier ones may have been
     freed); decodes mask the rest, whose table entries may name blocks now holding other data.
     """
@@ -78,15 +80,34 @@ def paged_attention(
             )
         else:
             ctx = span.start_pos + q_len
-            k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
-            v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
-            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, ctx, head_dim]
+            if span.mirror is not None:
+                if layer is None or new_key is None or new_value is None:
+                    raise ValueError("a mirrored span needs the layer and this step's K/V")
+                k, v = _append_to_mirror(span, span.mirror[layer], new_key[rows], new_value[rows])
+            else:
+                k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+                v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
+                k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, ctx, head_dim]
             # query i sits at position start_pos + i and sees keys at positions <= that
             positions = torch.arange(ctx, device=query.device)
             mask = positions[None, :] <= positions[:q_len, None] + span.start_pos
             o = _grouped_attention(q, k, v, mask, scale)
         out[rows] = o.transpose(0, 1)
     return out
+
+
+def _append_to_mirror(
+    span: PrefillSpan,
+    mirror: torch.Tensor,  # [2, num_kv_heads, capacity, head_dim] this layer's part
+    key: torch.Tensor,  # [q_len, num_kv_heads, head_dim] this step's K of the span
+    value: torch.Tensor,  # [q_len, num_kv_heads, head_dim]
+) -> tuple[torch.Tensor, torch.Tensor]:  # k, v [num_kv_heads, ctx, head_dim], contiguous rows
+    """Write this chunk's K/V after the mirrored context and return the whole context: each KV
+    head's positions are contiguous, the layout SDPA reads without a copy."""
+    ctx = span.start_pos + key.shape[0]
+    mirror[0, :, span.start_pos : ctx] = key.transpose(0, 1)
+    mirror[1, :, span.start_pos : ctx] = value.transpose(0, 1)
+    return mirror[0, :, :ctx], mirror[1, :, :ctx]
 
 
 def _materialised_paged_attention(
@@ -105,6 +126,8 @@ def _materialised_paged_attention(
     out = torch.empty_like(query)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     views = meta.reference
+    if views.mirrored:
+        raise ValueError("mirrors serve the plain path only: no soft-capping, no window")
     if views.decode_rows.numel():
         num_decodes = views.decode_blocks.shape[0]
         blocks, mask = views.decode_blocks, views.decode_mask

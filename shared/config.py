@@ -113,6 +113,15 @@ class CacheConfig:
     kv_cache_bytes: int = flag(1 * GiB, "--kv-cache-gb", "KV pool budget (GiB)", unit=GIB)
     # CPU swap pool; capped at the device pool's size.
     swap_space_bytes: int = flag(1 * GiB, "--swap-space-gb", "CPU swap pool (GiB)", unit=GIB)
+    # CPU (the reference attention): host memory for contiguous copies of the cached K/V of
+    # prompts computed chunk by chunk deep into their context, so that such a chunk reads its
+    # context in place instead of gathering it from the blocks every step
+    # (services/executor/context_mirror.py). 0: always gather.
+    context_mirror_bytes: int = flag(
+        GiB // 2, "--context-mirror-gb",
+        "CPU: memory for contiguous copies of long prompts' K/V while they are computed in "
+        "chunks (GiB; 0: gather from the blocks every step)", unit=GIB,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
@@ -123,6 +132,8 @@ class CacheConfig:
         _positive("kv_cache_bytes", self.kv_cache_bytes)
         if self.swap_space_bytes < 0:
             raise ValueError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}")
+        if self.context_mirror_bytes < 0:
+            raise ValueError(f"context_mirror_bytes must be >= 0, got {self.context_mirror_bytes}")
 
 
 @dataclass(frozen=True)

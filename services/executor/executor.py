@@ -17,6 +17,7 @@ import torch
 from kernels.metadata import host_to_device
 from kernels.ops import select_ops
 from services.executor.block_tables import DeviceBlockTables
+from services.executor.context_mirror import ContextMirrors
 from services.executor.cuda_graphs import DecodeGraphs
 from services.executor.draft_kv import shared_pool_configs
 from services.executor.draft_model import load_draft_model
@@ -123,6 +124,7 @@ class Executor:
                 config.cache, self.model.kv_layout, draft_model.kv_layout, dtype
             )
         self.cache = KVCache(self.model.kv_layout, cache_config, dtype, self.device, self.ops)
+        self.mirrors = self._context_mirrors(config.cache.context_mirror_bytes)
         self.eos_token_ids = eos_token_ids(model_dir, hf_config)
         auto = config.model.generation_config == "auto"
         self.default_sampling = sampling_defaults(model_dir) if auto else {}
@@ -182,6 +184,20 @@ class Executor:
         except Exception:  # noqa: BLE001 - any failure means: run eagerly
             log.exception("CUDA graph capture failed; decode steps run eagerly")
             return None
+
+    def _context_mirrors(self, budget_bytes: int) -> ContextMirrors | None:
+        """Mirrors of deep prompt chunks' context, where they apply: the reference attention
+        (a GPU's kernels read the blocks in place) on its plain path (no soft-capping, no
+        window, which gather differently) and a budget above 0."""
+        spec = self.model.spec
+        if (
+            budget_bytes <= 0
+            or self.ops.name != "torch"
+            or spec.attn_softcap
+            or any(spec.windows)
+        ):
+            return None
+        return ContextMirrors(self.cache.device, budget_bytes)
 
     # ---- tensor parallelism -----------------------------------------------------------------
     def ranks_alive(self) -> bool:
@@ -331,6 +347,9 @@ class Executor:
 
     def _failure(self, step_id: int, exc: Exception) -> StepResult:
         traceback.print_exception(exc)
+        if self.mirrors is not None:
+            # The step may have stopped between layers: no mirror can be trusted to be whole.
+            self.mirrors.clear()
         if self.shard.size > 1:
             # The other ranks may now wait in a collective this rank will never issue: the
             # group is out of step for good. The executor stops (ranks_alive() turns False)
@@ -442,11 +461,13 @@ class Executor:
                 plan = dataclasses.replace(plan, seqs=[_own_tokens(s) for s in plan.seqs])
             # Tensor parallelism with a draft model is not supported: only rank 0 fills.
             draft_probs = self.draft.fill(plan.seqs) or {}
+        tables = self.block_tables.rows([s.seq_id for s in plan.seqs])
         inputs = build_inputs(
             plan.seqs,
-            self.block_tables.rows([s.seq_id for s in plan.seqs]),
+            tables,
             self.cache.block_size,
             reference_views=self.ops.name == "torch",
+            mirrors=None if self.mirrors is None else self.mirrors.for_step(plan.seqs, tables),
         )
         draws = []
         spec: list[SpecRows] = []

@@ -27,6 +27,7 @@ def build_inputs(
     table: torch.Tensor,  # [len(seqs), max_blocks] int64 block tables on the device, same order
     block_size: int,
     reference_views: bool,
+    mirrors: list[torch.Tensor | None] | None = None,  # [len(seqs)] PrefillSpan.mirror
 ) -> ModelInputs:
     """Host work: concatenate the token ids, list the lengths; the rest is built on the device."""
     device = table.device
@@ -39,6 +40,7 @@ def build_inputs(
         reference_views,
         # Only prompt chunks and recomputes carry one (step_plans.py): decode steps send none.
         [s.rope_len or 0 for s in seqs] if any(s.rope_len for s in seqs) else None,
+        mirrors,
     )
     rows = []
     end = 0

@@ -82,8 +82,9 @@ class DecoderForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             self.make_layer(spec, ops, shard, index) for index in range(spec.num_layers)
         )
-        for layer, window in zip(self.layers, spec.windows, strict=True):
+        for index, (layer, window) in enumerate(zip(self.layers, spec.windows, strict=True)):
             layer.self_attn.use_window(window)
+            layer.self_attn.layer_index = index
         self.norm = make_norm(spec, spec.hidden_size)
         if spec.tie_word_embeddings:
             self.lm_head = None

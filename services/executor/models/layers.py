@@ -232,6 +232,7 @@ class Attention(nn.Module):
         self.scale = spec.softmax_scale
         # Passed only when set, so backends without soft-capping are never asked for it.
         self.extra = {"softcap": spec.attn_softcap} if spec.attn_softcap else {}
+        self.layer_index = 0  # set by the model: names this layer's part of a context mirror
 
     def use_window(self, window: int | None) -> None:
         """This layer attends only to the last `window` positions (None: the whole context)."""
@@ -251,9 +252,10 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         self.ops.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        o = self.ops.paged_attention(
-            q, kv_cache[0], kv_cache[1], meta, self.scale, k, v, **self.extra
-        )
+        extra = self.extra
+        if meta.reference is not None and meta.reference.mirrored:
+            extra = {**extra, "layer": self.layer_index}  # the reference path's mirrors only
+        o = self.ops.paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, k, v, **extra)
         # Row-parallel: each rank holds some heads' share of the output; the sum is the output.
         return self.shard.all_reduce(linear(o.reshape(num_tokens, -1), self.o_proj))
 

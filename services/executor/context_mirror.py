@@ -1,0 +1,131 @@
+"""Contiguous copies of the cached K/V of prompts computed chunk by chunk deep into their context.
+
+On a CPU the reference attention gathers a prompt chunk's whole cached context from its blocks
+every step and hands SDPA a head-strided view, which it copies again: at 7,800 tokens of
+SmolLM2's context that is about 360 MB gathered plus as much re-laid out per step, whatever the
+chunk's size, so a deep chunk of four tokens cost as much as three decode steps for the streams
+waiting on it (`benchmarks/long_prompt_fairness.py`). A mirror keeps such a sequence's K/V in the
+layout attention reads ([layer, k|v, kv_head, position, head_dim]), filled once from the blocks
+and then only appended to by each chunk (kernels/reference.py), so a step reads the context once,
+in place. The blocks stay the truth: a mirror is rebuilt from them whenever it could disagree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.protocol import ScheduledSeq
+
+# Below this much cached context the gather is cheap and a mirror not worth its memory.
+MIN_CONTEXT = 256
+# Capacity grows in steps of this many positions (and at least doubles), so appends rarely copy.
+GROWTH = 1024
+
+
+class ContextMirrors:
+    """The mirrors of the sequences whose prompt chunks this step computes, within a byte budget.
+
+    A mirror lives only while its sequence computes chunks in consecutive steps: one absent from
+    a step, or seen decoding, loses it, so no freed or preempted sequence keeps memory, and a
+    sequence that comes back (swapped in, recomputed) starts from its blocks again.
+    """
+
+    def __init__(
+        self,
+        pool: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        budget_bytes: int,
+        min_context: int | None = None,  # None: MIN_CONTEXT
+    ) -> None:
+        self.pool = pool
+        self.budget_bytes = budget_bytes
+        self.min_context = MIN_CONTEXT if min_context is None else min_context
+        self.mirrors: dict[int, torch.Tensor] = {}  # seq_id -> [L, 2, kv_heads, capacity, D]
+        self.lengths: dict[int, int] = {}  # seq_id -> positions the mirror holds
+        self.fills = 0  # mirrors filled from the blocks (a first chunk deep enough, or a rebuild)
+
+    def for_step(
+        self,
+        seqs: list[ScheduledSeq],
+        tables: torch.Tensor,  # [len(seqs), max_blocks] int64
+    ) -> list[torch.Tensor | None]:  # per seq: its mirror, or None (the gathered path)
+        """Each scheduled sequence's mirror, grown to hold this step's tokens and filled up to
+        its start position; mirrors of sequences not computing a chunk now are dropped."""
+        wanted = {
+            s.seq_id
+            for s in seqs
+            if len(s.token_ids) > 1 and not s.num_spec_tokens and s.start_pos >= self.min_context
+        }
+        for seq_id in [i for i in self.mirrors if i not in wanted]:
+            self._drop(seq_id)
+        out: list[torch.Tensor | None] = []
+        for index, seq in enumerate(seqs):
+            out.append(self._prepare(seq, tables[index]) if seq.seq_id in wanted else None)
+        return out
+
+    def _prepare(
+        self,
+        seq: ScheduledSeq,
+        table: torch.Tensor,  # [max_blocks] int64
+    ) -> torch.Tensor | None:
+        end = seq.start_pos + len(seq.token_ids)
+        mirror = self.mirrors.get(seq.seq_id)
+        # The mirror holds what the blocks hold only if it wrote the chunks just before this
+        # one; any other start (a recompute, a preemption in between) rebuilds it from them.
+        if mirror is not None and seq.start_pos != self.lengths[seq.seq_id]:
+            self._drop(seq.seq_id)
+            mirror = None
+        valid = 0 if mirror is None else seq.start_pos
+        if mirror is None or mirror.shape[3] < end:
+            mirror = self._grow(seq.seq_id, mirror, valid, end)
+            if mirror is None:
+                return None
+        if valid < seq.start_pos:
+            self._fill(mirror, table, seq.start_pos)
+        # The attention writes this step's K/V at start_pos:end (kernels/reference.py).
+        self.lengths[seq.seq_id] = end
+        return mirror
+
+    def _grow(
+        self, seq_id: int, old: torch.Tensor | None, keep: int, end: int
+    ) -> torch.Tensor | None:
+        """A mirror with room for `end` positions holding the old one's first `keep`; None when
+        the budget has no room (the sequence then gathers from its blocks)."""
+        num_layers, _, _, _, num_kv_heads, head_dim = self.pool.shape
+        capacity = max(end, 2 * (0 if old is None else old.shape[3]))
+        capacity = -(-capacity // GROWTH) * GROWTH
+        per_position = num_layers * 2 * num_kv_heads * head_dim * self.pool.element_size()
+        held = self.bytes_held() - (0 if old is None else old.numel() * old.element_size())
+        if held + capacity * per_position > self.budget_bytes:
+            self._drop(seq_id)
+            return None
+        mirror = self.pool.new_empty((num_layers, 2, num_kv_heads, capacity, head_dim))
+        if old is not None and keep:
+            mirror[:, :, :, :keep].copy_(old[:, :, :, :keep])
+        self.mirrors[seq_id] = mirror
+        return mirror
+
+    def _fill(
+        self,
+        mirror: torch.Tensor,  # [num_layers, 2, num_kv_heads, capacity, head_dim]
+        table: torch.Tensor,  # [max_blocks] int64
+        length: int,
+    ) -> None:
+        """Copy the first `length` positions of a sequence's K/V from its blocks, every layer."""
+        block_size = self.pool.shape[3]
+        blocks = table[: -(-length // block_size)]
+        # [L, 2, n, block_size, kv_heads, D] -> [L, 2, kv_heads, n * block_size, D]
+        gathered = self.pool.index_select(2, blocks).permute(0, 1, 4, 2, 3, 5)
+        gathered = gathered.reshape(*mirror.shape[:3], -1, mirror.shape[4])
+        mirror[:, :, :, :length].copy_(gathered[:, :, :, :length])
+        self.fills += 1
+
+    def clear(self) -> None:
+        self.mirrors.clear()
+        self.lengths.clear()
+
+    def _drop(self, seq_id: int) -> None:
+        self.mirrors.pop(seq_id, None)
+        self.lengths.pop(seq_id, None)
+
+    def bytes_held(self) -> int:
+        return sum(m.numel() * m.element_size() for m in self.mirrors.values())

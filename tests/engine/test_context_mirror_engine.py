@@ -1,0 +1,62 @@
+"""Prompt chunks that read their context from a mirror give transformers' greedy tokens, also
+when preemption swaps or recomputes the sequences in between."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from services.engine.llm_engine import LLMEngine
+from services.executor import context_mirror
+from shared.sampling import SamplingParams
+from tests.factories import engine_config
+from tests.support.engine_runs import generate_recording_plans
+from tests.support.reference_model import CONTENDED_NEW_TOKENS
+
+MIN_CONTEXT = 16  # the tiny prompts are a few blocks long: mirror from the second block on
+
+
+def deep_chunks(plans) -> int:
+    return sum(
+        1
+        for plan in plans
+        for s in plan.seqs
+        if len(s.token_ids) > 1 and not s.num_spec_tokens and s.start_pos >= MIN_CONTEXT
+    )
+
+
+def test_mirrored_chunks_equal_transformers(tiny_model_dir, prompts, hf_greedy, monkeypatch):
+    monkeypatch.setattr(context_mirror, "MIN_CONTEXT", MIN_CONTEXT)
+    engine = LLMEngine(engine_config(tiny_model_dir, max_num_batched_tokens=24))
+    outputs, plans = generate_recording_plans(engine, prompts)
+    assert outputs == hf_greedy
+    mirrors = engine.executor.mirrors
+    # Each deep prompt was filled from its blocks once, then only appended to.
+    assert 0 < mirrors.fills < deep_chunks(plans)
+    assert mirrors.bytes_held() == 0  # every prompt finished: nothing kept
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_mirrored_chunks_under_preemption_equal_transformers(
+    tiny_model_dir, contended_prompts, hf_greedy_contended, mode, monkeypatch
+):
+    monkeypatch.setattr(context_mirror, "MIN_CONTEXT", MIN_CONTEXT)
+    config = engine_config(
+        tiny_model_dir,
+        num_device_blocks=12,
+        max_num_batched_tokens=24,
+        preemption_mode=mode,
+    )
+    engine = LLMEngine(config)
+    sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs, plans = generate_recording_plans(engine, contended_prompts, sampling)
+    assert outputs == hf_greedy_contended
+    assert engine.scheduler.num_preemptions >= 1
+    assert engine.executor.mirrors.fills > 0
+
+
+def test_no_mirror_budget_means_no_mirrors(tiny_model_dir):
+    config = engine_config(tiny_model_dir)
+    config = replace(config, cache=replace(config.cache, context_mirror_bytes=0))
+    assert LLMEngine(config).executor.mirrors is None

@@ -1,0 +1,116 @@
+"""Context mirrors: the reference attention over a mirror equals the gathered path, chunk after
+chunk, and a mirror is dropped, rebuilt or refused whenever it could disagree with the blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.metadata import build_attention_metadata
+from kernels.reference import paged_attention, store_kv
+from services.executor.context_mirror import ContextMirrors
+from shared.protocol import ScheduledSeq
+
+LAYERS, BLOCKS, BLOCK, KV_HEADS, HEADS, DIM = 2, 64, 4, 2, 4, 8
+
+
+def pool() -> torch.Tensor:  # [L, 2, blocks, block_size, kv_heads, D], random stale contents
+    return torch.randn(
+        LAYERS, 2, BLOCKS, BLOCK, KV_HEADS, DIM, generator=torch.Generator().manual_seed(0)
+    )
+
+
+def seq(seq_id: int, start: int, n: int) -> ScheduledSeq:
+    return ScheduledSeq(seq_id, [1] * n, start, [], replace_table=False, sample=False)
+
+
+def table(blocks: list[int]) -> torch.Tensor:  # [1, max_blocks]
+    return torch.tensor([blocks], dtype=torch.int64)
+
+
+def chunk_step(
+    kv: torch.Tensor, blocks: list[int], start: int, n: int, mirror, gen: torch.Generator
+) -> list[torch.Tensor]:
+    """One prompt chunk of n tokens at `start` through every layer; its outputs per layer."""
+    meta = build_attention_metadata([n], [start], [blocks], BLOCK)
+    meta.reference.prefills[0].mirror = mirror
+    meta.reference.mirrored = mirror is not None
+    outs = []
+    for layer in range(LAYERS):
+        q = torch.randn(n, HEADS, DIM, generator=gen)
+        k = torch.randn(n, KV_HEADS, DIM, generator=gen)
+        v = torch.randn(n, KV_HEADS, DIM, generator=gen)
+        store_kv(k, v, kv[layer, 0], kv[layer, 1], meta.slot_mapping)
+        extra = {"layer": layer} if mirror is not None else {}
+        outs.append(paged_attention(q, kv[layer, 0], kv[layer, 1], meta, 0.3, k, v, **extra))
+    return outs
+
+
+def test_attention_over_a_mirror_equals_the_gathered_context_chunk_after_chunk():
+    blocks = [9, 3, 40, 7, 22, 51, 13, 30, 2, 61]  # 40 positions, scattered
+    gathered, mirrored = pool(), pool()
+    mirrors = ContextMirrors(mirrored, budget_bytes=1 << 20, min_context=8)
+    start = 0
+    for n in (6, 3, 5, 1 + 1, 7, 4):  # the first two run below min_context: no mirror yet
+        gen_a, gen_b = torch.Generator().manual_seed(start), torch.Generator().manual_seed(start)
+        [mirror] = mirrors.for_step([seq(1, start, n)], table(blocks))
+        assert (mirror is None) == (start < 8)
+        expected = chunk_step(gathered, blocks, start, n, None, gen_a)
+        got = chunk_step(mirrored, blocks, start, n, mirror, gen_b)
+        for e, g in zip(expected, got, strict=True):
+            torch.testing.assert_close(g, e)
+        start += n
+    assert mirrors.fills == 1  # filled once, at the first deep chunk, then only appended to
+    # The mirror holds exactly what the blocks hold, position by position.
+    held = mirrors.mirrors[1][:, :, :, :start]  # [L, 2, kv_heads, start, D]
+    from_blocks = mirrored[:, :, blocks].reshape(LAYERS, 2, -1, KV_HEADS, DIM)[:, :, :start]
+    torch.testing.assert_close(held, from_blocks.permute(0, 1, 3, 2, 4))
+
+
+def test_a_sequence_that_skips_a_step_or_restarts_is_rebuilt_from_its_blocks():
+    mirrors = ContextMirrors(pool(), budget_bytes=1 << 20, min_context=8)
+    blocks = table(list(range(10)))
+    mirrors.for_step([seq(1, 8, 4)], blocks)
+    mirrors.for_step([seq(1, 12, 4)], blocks)  # the next chunk: appended, no fill
+    assert mirrors.fills == 1 and mirrors.lengths[1] == 16
+    mirrors.for_step([seq(2, 8, 4)], blocks)  # 1 is absent this step: dropped
+    assert 1 not in mirrors.mirrors and mirrors.fills == 2
+    mirrors.for_step([seq(2, 8, 4)], blocks)  # the same start again (a recompute): rebuilt
+    assert mirrors.fills == 3 and mirrors.lengths[2] == 12
+    mirrors.for_step([seq(2, 12, 1)], blocks)  # decoding now: no mirror kept
+    assert not mirrors.mirrors and mirrors.bytes_held() == 0
+
+
+def test_speculating_rows_and_shallow_chunks_get_no_mirror():
+    mirrors = ContextMirrors(pool(), budget_bytes=1 << 20, min_context=8)
+    spec = ScheduledSeq(1, [1] * 4, 20, [], False, sample=True, num_spec_tokens=3)
+    shallow = seq(2, 4, 4)
+    assert mirrors.for_step([spec, shallow], table(list(range(10))).repeat(2, 1)) == [None, None]
+
+
+def test_the_budget_refuses_a_mirror_and_growth_keeps_what_was_written():
+    per_position = LAYERS * 2 * KV_HEADS * DIM * 4
+    mirrors = ContextMirrors(pool(), budget_bytes=1024 * per_position, min_context=8)
+    blocks = table(list(range(BLOCKS)))
+    [first] = mirrors.for_step([seq(1, 8, 8)], blocks)
+    assert first is not None and first.shape[3] == 1024  # capacity in steps of 1024
+    first[:, :, :, 8:16] = 5.0  # what the attention would append
+    [second] = mirrors.for_step([seq(1, 16, 8), seq(2, 8, 8)], blocks.repeat(2, 1))[:1]
+    assert second is first  # room already
+    assert mirrors.mirrors.get(2) is None  # a second one does not fit the budget
+    mirrors.budget_bytes = 4096 * per_position
+    [grown] = mirrors.for_step([seq(1, 24, 1100)], blocks)
+    assert grown.shape[3] == 2048 and mirrors.fills == 1
+    assert bool((grown[:, :, :, 8:16] == 5.0).all())
+
+
+def test_a_mirrored_span_without_its_layer_is_refused():
+    kv = pool()
+    mirrors = ContextMirrors(kv, budget_bytes=1 << 20, min_context=8)
+    [mirror] = mirrors.for_step([seq(1, 8, 2)], table(list(range(10))))
+    meta = build_attention_metadata([2], [8], [list(range(10))], BLOCK)
+    meta.reference.prefills[0].mirror = mirror
+    meta.reference.mirrored = True
+    q, k = torch.randn(2, HEADS, DIM), torch.randn(2, KV_HEADS, DIM)
+    with pytest.raises(ValueError, match="layer"):
+        paged_attention(q, kv[0, 0], kv[0, 1], meta, 0.3, k, k)
