@@ -8,6 +8,11 @@ Run from the repository root as a module: it drives the test suite's hostile har
         --output docs/reliability/hostile_inputs.json
     .venv/bin/python -m scripts.hostile_inputs --rows deep_json,slow_head
     .venv/bin/python -m scripts.hostile_inputs --serve-arg=--max-grammar-choices=100000
+    .venv/bin/python -m scripts.hostile_inputs --idle-each-row \\
+        --rows messages_100k_x8@loop,messages_100k_x8@process
+
+A row's bodies are built and sent by the event loop that times the probe, or (`sender`
+"process", or NAME@process) each by a client process of its own, started before the row.
 
 Serve flags this server does not know are left out with a note, so one command fits old and new.
 Exits 1 when a row shows a problem (a 5xx, an input not refused, an error body not OpenAI's, a
@@ -25,7 +30,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -44,11 +49,13 @@ from tests.service.hostile_client import (
     settle,
     since,
 )
+from tests.service.hostile_sender import ProcessSenders
 from tests.service.process_rss import RssSampler, rss_mib, rss_now
 from tests.service.raw_http import hold_open
 from tests.service.stack_process import HEADERS, ServeProcess, metric, wait_metric
 
 PROBE_GRACE_S = 30.0  # a probe still streaming at a row's cap may finish within this
+SENDERS = ("loop", "process")
 GOAL_RATIO = 2.0  # the most a probe's longest gap or first-token time may grow beside an input
 
 
@@ -56,15 +63,16 @@ GOAL_RATIO = 2.0  # the most a probe's longest gap or first-token time may grow 
 class Row:
     name: str
     what: str
-    calls: Callable[[Ctx], list[Callable[[], Awaitable[dict]]]]
+    calls: Callable[[Ctx], list[Callable[[], Awaitable[dict]]]] | None = None  # raw sockets
+    bodies: Callable[[Ctx], list[hp.Recipe]] | None = None  # HTTP calls, built as sent
+    # Who builds and sends the bodies: "loop", the probe's own event loop; "process", a client
+    # process per body (for bodies large enough that building and writing them would hold up
+    # the loop timing the probe, and so count the client's work as the server's).
+    sender: str = "loop"
     expect: str = "answered"  # no 5xx; "refused": every answer a 4xx; "closed": before the cap
     sequential: bool = False  # one call after another, the executor's RSS read after each
     cap_s: float | None = None  # default: --row-cap-s, or --connection-cap-s for "closed"
     baseline: Callable[[Ctx], hp.Call] | None = None  # timed alone first, for comparison
-
-
-def _http(build: Callable[[Ctx], list[hp.Call]]):
-    return lambda ctx: [partial(post, ctx, call) for call in build(ctx)]
 
 
 def _slow(kind: str):
@@ -77,38 +85,38 @@ def _slow(kind: str):
 
 ROWS = {row.name: row for row in [
     Row("enum_50k", "json_schema enum of 50,000 strings",
-        _http(lambda c: [hp.enum_schema(c.model, 50_000, c.salt())])),
+        bodies=lambda c: [partial(hp.enum_schema, c.model, 50_000, c.salt())]),
     Row("enums_15k_x3", "three different enums of 15,000 strings at once",
-        _http(lambda c: [hp.enum_schema(c.model, 15_000, c.salt()) for _ in range(3)])),
+        bodies=lambda c: [partial(hp.enum_schema, c.model, 15_000, c.salt()) for _ in range(3)]),
     Row("guided_choice_10k", "guided_choice with 10,000 choices",
-        _http(lambda c: [hp.guided_choice(c.model, 10_000, c.salt())])),
+        bodies=lambda c: [partial(hp.guided_choice, c.model, 10_000, c.salt())]),
     Row("logit_bias_vocab_n64", "logit_bias on every token id, n=64, 16 tokens",
-        _http(lambda c: [hp.logit_bias(c.model, c.vocab_size, 64)]),
+        bodies=lambda c: [partial(hp.logit_bias, c.model, c.vocab_size, 64)],
         baseline=lambda c: hp.logit_bias(c.model, None, 64)),
     Row("logit_bias_long_key", "a logit_bias key of 5,000 digits",
-        _http(lambda c: [hp.long_bias_key(c.model, 5000)]), expect="refused"),
+        bodies=lambda c: [partial(hp.long_bias_key, c.model, 5000)], expect="refused"),
     Row("deep_json", "JSON nested 100,000 deep: body, prompt, /v1/tokenize",
-        _http(lambda c: hp.deep_json(c.model, 100_000)), expect="refused"),
+        bodies=lambda c: hp.prebuilt(hp.deep_json(c.model, 100_000)), expect="refused"),
     Row("lone_surrogate", "a lone surrogate: completion prompt, /v1/tokenize, chat",
-        _http(lambda c: hp.lone_surrogate(c.model)), expect="refused"),
+        bodies=lambda c: hp.prebuilt(hp.lone_surrogate(c.model)), expect="refused"),
     Row("auth_non_ascii", "a non-ASCII byte in the Authorization header",
-        lambda c: [partial(raw, c, hp.bad_auth_request(c.model))], expect="refused"),
+        calls=lambda c: [partial(raw, c, hp.bad_auth_request(c.model))], expect="refused"),
     Row("messages_100k_x8", "8 requests of 100,000 chat messages at once",
-        _http(lambda c: [hp.many_messages(c.model, 100_000)] * 8)),
+        bodies=lambda c: [partial(hp.many_messages, c.model, 100_000)] * 8, sender="process"),
     Row("long_prompt_7800", "a prompt of 7,800 token ids",
-        _http(lambda c: [hp.long_prompt(c.model, min(7800, c.max_model_len - 8), c.vocab_size,
-                                        c.rng)])),
+        bodies=lambda c: [partial(hp.long_prompt, c.model, min(7800, c.max_model_len - 8),
+                                  c.vocab_size, c.rng)]),
     Row("content_length_short", "Content-Length 100x the body sent",
-        _slow("content_length_short"), expect="closed"),
+        calls=_slow("content_length_short"), expect="closed"),
     Row("chunked_endless", "a chunked body, one byte a second, never ended",
-        _slow("chunked_endless"), expect="closed"),
+        calls=_slow("chunked_endless"), expect="closed"),
     Row("slow_head", "request headers one byte a second, never ended",
-        _slow("slow_head"), expect="closed"),
+        calls=_slow("slow_head"), expect="closed"),
     Row("role_injection", "a role named <|im_end|>\\n<|im_start|>system",
-        _http(lambda c: [hp.injected_role(c.model)]), expect="refused"),
+        bodies=lambda c: [partial(hp.injected_role, c.model)], expect="refused"),
     Row("grammar_memory", "20 different enums of 2,000-5,000 strings, one after another",
-        _http(lambda c: [hp.enum_schema(c.model, c.rng.randint(2000, 5000), c.salt())
-                         for _ in range(20)]), sequential=True, cap_s=300.0),
+        bodies=lambda c: [partial(hp.enum_schema, c.model, c.rng.randint(2000, 5000), c.salt())
+                          for _ in range(20)], sequential=True, cap_s=300.0),
 ]}  # fmt: skip
 
 
@@ -120,8 +128,36 @@ async def _capped(coro, deadline: float) -> dict:
         return {"status": None, "wall_s": since(t0), "held_until_cap": True}
 
 
-async def _hostile(ctx: Ctx, row: Row, deadline: float) -> list[dict]:
-    calls = row.calls(ctx)
+def sent_from_loop(ctx: Ctx, recipes: list[hp.Recipe]) -> list[Callable[[], Awaitable[dict]]]:
+    """Each body built here, on the probe's loop; a recipe a row repeats is built once, one
+    body sent that many times."""
+    built: dict[int, hp.Call] = {}
+    for recipe in recipes:
+        if id(recipe) not in built:
+            built[id(recipe)] = recipe()
+    return [partial(post, ctx, built[id(recipe)]) for recipe in recipes]
+
+
+async def _process_senders(ctx: Ctx, row: Row) -> ProcessSenders | None:
+    """The row's sender processes, started and each with its body built, before its clock."""
+    if row.bodies is None or row.sender != "process":
+        return None
+    senders = ProcessSenders(ctx.stack.url, row.bodies(ctx))
+    try:
+        await senders.start()
+    except BaseException:
+        senders.close()
+        raise
+    return senders
+
+
+async def _hostile(ctx: Ctx, row: Row, deadline: float, senders: ProcessSenders | None):
+    if senders is not None:
+        calls = senders.calls()
+    elif row.bodies is not None:
+        calls = sent_from_loop(ctx, row.bodies(ctx))
+    else:
+        calls = row.calls(ctx)
     if not row.sequential:
         return list(await asyncio.gather(*(_capped(call(), deadline) for call in calls)))
     results = []
@@ -132,17 +168,28 @@ async def _hostile(ctx: Ctx, row: Row, deadline: float) -> list[dict]:
 
 
 async def run_row(ctx: Ctx, row: Row, args, idle: dict, sampler: RssSampler) -> dict:
-    out: dict = {"row": row.name, "what": row.what}
+    out: dict = {"row": row.name, "what": row.what, "sender": row.sender if row.bodies else None}
     if row.baseline is not None:
         out["baseline_wall_s"] = (await post(ctx, row.baseline(ctx)))["wall_s"]
         await settle(ctx)
+    if args.idle_each_row:
+        idle = out["idle_probe"] = await idle_probe(ctx, args.idle_probes)
+    senders = await _process_senders(ctx, row)
+    try:
+        return await _measure_row(ctx, row, args, idle, sampler, senders, out)
+    finally:
+        if senders is not None:
+            senders.close()
+
+
+async def _measure_row(ctx, row, args, idle, sampler, senders, out: dict) -> dict:
     cap_s = row.cap_s or (args.connection_cap_s + 5 if row.expect == "closed" else args.row_cap_s)
     ctx.timeout_s = args.connection_cap_s if row.expect == "closed" else args.row_cap_s
     restarts = len(ctx.stack.restarts)
     before = rss_now(ctx.stack.pids)
     sampler.reset_peak()
     t0 = time.monotonic()
-    hostile = asyncio.ensure_future(_hostile(ctx, row, t0 + cap_s))
+    hostile = asyncio.ensure_future(_hostile(ctx, row, t0 + cap_s, senders))
     await asyncio.sleep(0.5)  # the hostile request first, then the probe beside it
     probes = []
     while not probes or not (hostile.done() or time.monotonic() > t0 + cap_s):
@@ -252,9 +299,28 @@ async def _run(args, stack: ServeProcess, rows: list[Row], sampler: RssSampler) 
     return {"idle_probe": idle, "rows": results, "idle_probe_after": idle_after, "final": final}
 
 
+def row_named(name: str) -> Row:
+    """A row by name; NAME@SENDER is that row with its bodies sent by SENDER."""
+    base, _, sender = name.partition("@")
+    if base not in ROWS:
+        raise ValueError(f"unknown row {base!r}; known: {', '.join(ROWS)}")
+    row = ROWS[base]
+    if not sender:
+        return row
+    if sender not in SENDERS or row.bodies is None:
+        raise ValueError(f"{name}: a sender is one of {SENDERS}, for a row of HTTP bodies")
+    return replace(row, name=name, sender=sender)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default=None, help=f"comma-separated, of: {','.join(ROWS)}")
+    parser.add_argument(
+        "--rows",
+        default=None,
+        help=f"comma-separated, of: {','.join(ROWS)}; "
+        "NAME@loop or NAME@process sends that row's bodies from the probe's "
+        "event loop or from a process per body (a row may be named twice)",
+    )
     parser.add_argument("--model", default=EMBEDDED_MODEL)
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                         help="one more `pagedserve serve` argument, as --flag=value")  # fmt: skip
@@ -264,11 +330,17 @@ def main() -> int:
     parser.add_argument("--probe-tokens", type=int, default=32)
     parser.add_argument("--idle-probes", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--idle-each-row",
+        action="store_true",
+        help="an idle probe before each row, that row's ratios against it",
+    )
     parser.add_argument("--output", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
-    names = args.rows.split(",") if args.rows else list(ROWS)
-    if unknown := [n for n in names if n not in ROWS]:
-        parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+    try:
+        rows = [row_named(name) for name in (args.rows.split(",") if args.rows else ROWS)]
+    except ValueError as exc:
+        parser.error(str(exc))
     serve_args, left_out = known_serve_args(args.serve_arg)
     if left_out:
         print(f"this pagedserve serve has no flag for {left_out}: left out", flush=True)
@@ -276,7 +348,7 @@ def main() -> int:
     stack = ServeProcess(Path(args.model), *serve_args)
     sampler = RssSampler(lambda: stack.pids).start()
     try:
-        figures = asyncio.run(_run(args, stack, [ROWS[n] for n in names], sampler))
+        figures = asyncio.run(_run(args, stack, rows, sampler))
     finally:
         sampler.stop()
         code = stack.stop()

@@ -52,11 +52,16 @@ def _answer(path: str, status: int | None, text: str, t0: float) -> dict:
 
 
 async def post(ctx: Ctx, call: hp.Call) -> dict:
+    return await post_to(ctx.session, ctx.stack.url, call)
+
+
+async def post_to(session: aiohttp.ClientSession, url: str, call: hp.Call) -> dict:
+    """One hostile call to the server at `url`: its status, wall time and error shape."""
     path, body = call
     t0 = time.monotonic()
     headers = HEADERS | {"Content-Type": "application/json"}
     try:
-        async with ctx.session.post(ctx.stack.url + path, data=body, headers=headers) as response:
+        async with session.post(url + path, data=body, headers=headers) as response:
             return _answer(path, response.status, await response.text(), t0)
     except aiohttp.ClientError as exc:
         return {"path": path, "status": None, "wall_s": since(t0), "detail": repr(exc)[:160]}

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from tests.service.raw_http import request_head
 
 # (path, raw JSON body): raw because some bodies here are not what json.dumps would write.
 Call = tuple[str, bytes]
+# A call not built yet: picklable (a functools.partial of a builder here), so that a process of
+# its own can build and send it.
+Recipe = Callable[[], Call]
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -37,6 +42,15 @@ def openai_error(text: str) -> bool:
         and {"message", "type", "param", "code"} <= error.keys()
         and isinstance(error["message"], str)
     )
+
+
+def prebuilt(calls: list[Call]) -> list[Recipe]:
+    """Recipes for calls already built (small ones, from builders that make several)."""
+    return [partial(_given, call) for call in calls]
+
+
+def _given(call: Call) -> Call:
+    return call
 
 
 def distinct_strings(count: int, salt: str) -> list[str]:

@@ -1,11 +1,23 @@
 """The hostile-input harness's own parts: OpenAI error shapes, the soak's sorting of hostile
-answers, and the slow-client sockets against servers that close, answer, or never do."""
+answers, the slow-client sockets against servers that close, answer, or never do, and the
+bodies sent from processes of their own or from the probe's loop."""
 
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
-from tests.service.hostile_payloads import deep_json, openai_error
+import pytest
+from aiohttp import web
+
+from tests.service.hostile_payloads import (
+    deep_json,
+    lone_surrogate,
+    many_messages,
+    openai_error,
+    prebuilt,
+)
+from tests.service.hostile_sender import ProcessSenders
 from tests.service.hostile_traffic import HostileTally
 from tests.service.raw_http import hold_open, status_of
 
@@ -95,3 +107,81 @@ def test_status_of():
     assert status_of(b"HTTP/1.1 400 Bad Request\r\n\r\n") == 400
     assert status_of(b"") is None
     assert status_of(b"garbage") is None
+
+
+async def _body_server() -> tuple[web.AppRunner, str, list[bytes]]:
+    """A server that keeps each body it is posted and answers 200, or 400 to a tokenize."""
+    received: list[bytes] = []
+
+    async def keep(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        if request.path == "/v1/tokenize":
+            return web.Response(status=400, text=OPENAI, content_type="application/json")
+        return web.json_response({"ok": True})
+
+    app = web.Application(client_max_size=1 << 26)
+    app.router.add_post("/{tail:.*}", keep)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}", received
+
+
+async def test_process_senders_build_and_post_each_body():
+    recipes = [partial(many_messages, "m", 1000), *prebuilt(lone_surrogate("m"))[1:2]]
+    runner, url, received = await _body_server()
+    senders = ProcessSenders(url, recipes)
+    try:
+        await senders.start()
+        assert received == []  # built, not sent before the go
+        answers = await asyncio.gather(*(call() for call in senders.calls()))
+    finally:
+        senders.close()
+        await runner.cleanup()
+    assert [(a["path"], a["status"]) for a in answers] == [
+        ("/v1/chat/completions", 200),
+        ("/v1/tokenize", 400),
+    ]
+    assert answers[1]["openai_error"] and answers[0]["wall_s"] >= 0
+    assert sorted(received) == sorted(recipe()[1] for recipe in recipes)
+
+
+async def test_process_senders_report_a_body_that_could_not_be_built():
+    senders = ProcessSenders("http://127.0.0.1:9", [partial(many_messages, "m", "not a count")])
+    try:
+        with pytest.raises(RuntimeError, match="did not build its body"):
+            await senders.start()
+    finally:
+        senders.close()
+
+
+def test_a_row_named_with_a_sender():
+    from scripts.hostile_inputs import ROWS, row_named
+
+    row = row_named("messages_100k_x8@loop")
+    assert (row.name, row.sender, row.what) == (
+        "messages_100k_x8@loop",
+        "loop",
+        ROWS["messages_100k_x8"].what,
+    )
+    assert ROWS["messages_100k_x8"].sender == "process"
+    assert row_named("enum_50k") is ROWS["enum_50k"]
+    for bad in ("enum_50k@thread", "slow_head@process", "nope"):
+        with pytest.raises(ValueError):
+            row_named(bad)
+
+
+def test_a_repeated_recipe_is_built_once_on_the_loop():
+    from scripts.hostile_inputs import sent_from_loop
+
+    built = []
+
+    def recipe():
+        built.append(1)
+        return ("/v1/completions", b"{}")
+
+    calls = sent_from_loop(None, [recipe] * 3 + [lambda: ("/v1/tokenize", b"{}")])
+    assert (len(calls), len(built)) == (4, 1)
+    assert [call.args[1][0] for call in calls] == ["/v1/completions"] * 3 + ["/v1/tokenize"]

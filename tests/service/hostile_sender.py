@@ -1,0 +1,92 @@
+"""Hostile bodies built and sent by client processes of their own, so that the event loop that
+times the probe stream neither builds nor writes them (8 bodies of 3.5 MB each are a lot of a
+client's work on the server's own cores)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
+
+import aiohttp
+
+from tests.service import hostile_payloads as hp
+from tests.service.hostile_client import post_to
+
+START_TIMEOUT_S = 120.0  # spawning and importing takes seconds on a loaded machine
+
+
+class ProcessSenders:
+    """One spawned process per recipe: it builds its body, says it is ready and waits; each of
+    `calls()` tells one to post its body and returns its answer (the dict `post` returns, its
+    wall time measured in that process from the post to the answer)."""
+
+    def __init__(self, url: str, recipes: list[hp.Recipe]) -> None:
+        # Spawned, not forked: the parent runs an event loop and threads (the RSS sampler).
+        context = multiprocessing.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs = []
+        for recipe in recipes:
+            ours, theirs = context.Pipe()
+            proc = context.Process(target=_sender, args=(theirs, url, recipe), daemon=True)
+            self._conns.append(ours)
+            self._procs.append(proc)
+
+    async def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until every process has built its body: none of that falls in the row's time."""
+        for proc in self._procs:
+            proc.start()
+        readies = [_receive(conn) for conn in self._conns]
+        for ready in await asyncio.wait_for(asyncio.gather(*readies), timeout_s):
+            if ready != "ready":
+                raise RuntimeError(f"a sender process did not build its body: {ready}")
+
+    def calls(self) -> list[Callable[[], Awaitable[dict]]]:
+        return [lambda conn=conn: _go(conn) for conn in self._conns]
+
+    def close(self) -> None:
+        """Ends the senders, those still waiting for an answer at a row's cap too."""
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc, conn in zip(self._procs, self._conns):
+            proc.join(timeout=10.0)
+            conn.close()
+
+
+async def _go(conn: Connection) -> dict:
+    conn.send("go")
+    answer = await _receive(conn)
+    if isinstance(answer, dict):
+        return answer
+    return {"path": None, "status": None, "wall_s": None, "detail": str(answer)[:160]}
+
+
+async def _receive(conn: Connection) -> object:
+    """The next message from a sender, awaited on the loop (no thread blocked on the pipe); the
+    sender's exit reads as a string saying so."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(conn.fileno(), lambda: readable.done() or readable.set_result(None))
+    try:
+        await readable
+    finally:
+        loop.remove_reader(conn.fileno())
+    try:
+        return conn.recv()
+    except EOFError:
+        return "the sender process exited"
+
+
+def _sender(conn: Connection, url: str, recipe: hp.Recipe) -> None:
+    call = recipe()
+    conn.send("ready")
+    conn.recv()  # go
+    conn.send(asyncio.run(_post_once(url, call)))
+
+
+async def _post_once(url: str, call: hp.Call) -> dict:
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        return await post_to(session, url, call)
