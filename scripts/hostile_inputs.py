@@ -199,7 +199,7 @@ async def _measure_row(ctx, row, args, idle, sampler, senders, out: dict) -> dic
         "statuses": dict(Counter(_status(r) for r in results)),
         "wall_s": max(r["wall_s"] for r in results),
         "requests": results,
-        "probe": probe_figures(probes, idle),
+        "probe": probe_figures(probes, idle, t0),
         "settle_s": await settle(ctx),
         "rss_mib": {"before": before, "peak": dict(sampler.peak), "after": rss_now(ctx.stack.pids)},
         "restarts": ctx.stack.restarts[restarts:],

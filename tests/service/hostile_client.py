@@ -83,7 +83,7 @@ async def probe(ctx: Ctx, hard_deadline: float) -> dict:
     url = f"{ctx.stack.url}/v1/completions"
     t0 = time.monotonic()
     task = stream(ctx.session, url, body, on_event=lambda: times.append(time.monotonic()))
-    out = {"status": None, "unfinished": False}
+    out = {"status": None, "unfinished": False, "started": t0}
     try:
         result = await asyncio.wait_for(task, max(1.0, hard_deadline - t0))
         out["status"] = result["status"] if result["error"] is None else "error event"
@@ -97,9 +97,10 @@ async def probe(ctx: Ctx, hard_deadline: float) -> dict:
     return out
 
 
-def probe_figures(probes: list[dict], idle: dict | None = None) -> dict:
+def probe_figures(probes: list[dict], idle: dict | None = None, t0: float | None = None) -> dict:
     """Over probes: the longest time to a first token and the longest gap between tokens, and
-    each against the idle server's (`idle`: what `idle_probe` returned)."""
+    each against the idle server's (`idle`: what `idle_probe` returned); with `t0` (monotonic),
+    also when each began, in seconds after t0."""
     first = [p["gaps"][0] for p in probes if p["gaps"]]
     between = [g for p in probes for g in p["gaps"][1:]]
     out = {
@@ -115,7 +116,23 @@ def probe_figures(probes: list[dict], idle: dict | None = None) -> dict:
         for key, ratio in (("longest_first_token_s", "first_token_x_idle"),
                            ("longest_gap_s", "gap_x_idle")):  # fmt: skip
             out[ratio] = round(out[key] / idle[key], 2) if out[key] and idle[key] else None
+    if t0 is not None:
+        out |= _when_longest(probes, t0)
     return out
+
+
+def _when_longest(probes: list[dict], t0: float) -> dict:
+    """When the longest first-token wait and the longest gap began, in seconds after t0: where
+    in a row to look for their cause (the requests arriving, a worker starting, the cap)."""
+    longest = {"longest_first_token_at_s": (0.0, None), "longest_gap_at_s": (0.0, None)}
+    for p in probes:
+        at = p["started"] - t0
+        for i, gap in enumerate(p["gaps"]):
+            key = "longest_gap_at_s" if i else "longest_first_token_at_s"
+            if gap > longest[key][0]:
+                longest[key] = (gap, round(at, 2))
+            at += gap
+    return {key: at for key, (_, at) in longest.items()}
 
 
 async def idle_probe(ctx: Ctx, count: int) -> dict:

@@ -10,6 +10,7 @@ from functools import partial
 import pytest
 from aiohttp import web
 
+from tests.service.hostile_client import probe_figures
 from tests.service.hostile_payloads import (
     deep_json,
     lone_surrogate,
@@ -185,3 +186,16 @@ def test_a_repeated_recipe_is_built_once_on_the_loop():
     calls = sent_from_loop(None, [recipe] * 3 + [lambda: ("/v1/tokenize", b"{}")])
     assert (len(calls), len(built)) == (4, 1)
     assert [call.args[1][0] for call in calls] == ["/v1/completions"] * 3 + ["/v1/tokenize"]
+
+
+def test_probe_figures_say_when_the_longest_waits_began():
+    probes = [
+        {"status": 200, "unfinished": False, "started": 10.5, "gaps": [0.2, 0.1, 0.3]},
+        {"status": 200, "unfinished": False, "started": 11.2, "gaps": [0.5, 0.1, 0.1]},
+    ]
+    figures = probe_figures(probes, t0=10.0)
+    assert (figures["longest_first_token_s"], figures["longest_gap_s"]) == (0.5, 0.3)
+    # The first probe's third gap began 0.5 + 0.2 + 0.1 s after t0; the second probe at 1.2 s.
+    assert figures["longest_gap_at_s"] == 0.8
+    assert figures["longest_first_token_at_s"] == 1.2
+    assert "longest_gap_at_s" not in probe_figures(probes)
