@@ -250,13 +250,27 @@ class SpeculativeConfig:
         "propose tokens and verify them in one step: ngram (prompt lookup in the request's own "
         "tokens) or draft (a smaller model of the same tokenizer, --draft-model); default: off",
     )  # fmt: skip
-    num_tokens: int = flag(
-        3, "--num-speculative-tokens", "tokens proposed per speculating sequence and step"
-    )
+    # None: the method's own default. ngram 8: its proposals are also capped by
+    # ngram_proposals_per_match, so K is only what a long match may propose (on recorded greedy
+    # outputs K = 8 with 2 per matched token made 1.89 tokens per step where K = 3 alone made
+    # 1.74, with about as many proposals: benchmarks/ngram_replay.py); draft 3: every draft
+    # token costs a draft model step.
+    num_tokens: int | None = flag(
+        None, "--num-speculative-tokens",
+        "tokens proposed per speculating sequence and step, at most (default: 8 for ngram, "
+        "3 for draft)",
+    )  # fmt: skip
     # As vLLM's prompt_lookup_min/max: the longest suffix of n in [min, max] tokens that occurs
     # earlier in the request wins.
     ngram_min: int = flag(1, "--ngram-min", "shortest n-gram the ngram proposer matches")
     ngram_max: int = flag(4, "--ngram-max", "longest n-gram the ngram proposer matches")
+    # A short match is weak evidence of copying: a 1-token match proposes 2 tokens, a 4-token
+    # one 8 (services/scheduler/ngram_proposer.py).
+    ngram_proposals_per_match: int = flag(
+        2, "--ngram-proposals-per-match",
+        "ngram: propose at most this many tokens per token of the matched n-gram (0: always "
+        "--num-speculative-tokens)",
+    )  # fmt: skip
     # A verification step costs K+1 query rows per sequence: worth it while the step is bound
     # by reading the weights (small batches), not once the batch itself fills the step. 4: on
     # the CPU, speculating at batch 64 lost 10-35% on repeat and code prompts while batch 4
@@ -276,7 +290,13 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method must be ngram or draft, got {self.method!r}")
         if self.method == "draft" and self.draft_model is None:
             raise ValueError("--speculative-method draft needs --draft-model (the draft model)")
+        if self.num_tokens is None:
+            object.__setattr__(self, "num_tokens", 8 if self.method == "ngram" else 3)
         _positive("num_speculative_tokens", self.num_tokens)
+        if self.ngram_proposals_per_match < 0:
+            raise ValueError(
+                f"ngram_proposals_per_match must be >= 0, got {self.ngram_proposals_per_match}"
+            )
         _positive("ngram_min", self.ngram_min)
         _positive("ngram_max", self.ngram_max)
         if self.ngram_min > self.ngram_max:

@@ -2,7 +2,10 @@
 sequence's last n tokens, searched in its own prompt and output, with no second model.
 
 As vLLM's prompt_lookup_min/max: among the suffixes of n_min .. n_max tokens that occur earlier,
-the longest wins (the latest occurrence of it); up to k tokens that followed it are proposed.
+the longest wins (the latest occurrence of it); up to k tokens that followed it are proposed,
+and with per_match > 0 at most per_match tokens per matched token: a 1-token match is weak
+evidence that the text is being copied, a 4-token match strong, so a short match proposes few
+tokens and a long one many (benchmarks/ngram_replay.py measured the rule on recorded outputs).
 Only the last WINDOW tokens are searched: the scheduler runs this for every speculating sequence
 on the step's critical path, so its cost must not grow with the context; the repetition that
 pays (a quoted passage, code being edited, a list's pattern) is nearly always recent.
@@ -13,8 +16,11 @@ from __future__ import annotations
 WINDOW = 1024
 
 
-def propose_ngram(token_ids: list[int], k: int, n_min: int, n_max: int) -> list[int]:
-    """Up to k proposed next tokens for a sequence of token_ids; [] when no n-gram matches.
+def propose_ngram(
+    token_ids: list[int], k: int, n_min: int, n_max: int, per_match: int = 0
+) -> list[int]:
+    """Up to k (and with per_match > 0, up to per_match * the match's length) proposed next
+    tokens for a sequence of token_ids; [] when no n-gram matches.
 
     One backward pass over the window: at each earlier occurrence of the last token, how far
     the match extends backwards (up to n_max); the first occurrence reaching n_max ends it.
@@ -41,4 +47,6 @@ def propose_ngram(token_ids: list[int], k: int, n_min: int, n_max: int) -> list[
                 break
     if best_len < n_min:
         return []
+    if per_match > 0:
+        k = min(k, per_match * best_len)
     return tokens[best_end + 1 : best_end + 1 + k]

@@ -50,7 +50,10 @@ class Speculation:
             return []
         if self.config.method == "draft":
             return [DRAFT_TOKEN] * k
-        return propose_ngram(seq.token_ids, k, self.config.ngram_min, self.config.ngram_max)
+        config = self.config
+        return propose_ngram(
+            seq.token_ids, k, config.ngram_min, config.ngram_max, config.ngram_proposals_per_match
+        )
 
     def record(self, num_proposed: int, num_accepted: int) -> None:
         self.num_proposed += num_proposed

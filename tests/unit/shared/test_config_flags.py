@@ -34,7 +34,8 @@ EVERY_FLAG = (
     "--max-grammar-depth 5 --executor sim --sim-gpu h100-80gb --sim-model llama-7b "
     "--sim-kv-gb 2.5 --sim-overhead-ms 3 --tensor-parallel-size 2 --tp-master-addr 10.0.0.1 "
     "--tp-master-port 29500 --tp-external-workers --speculative-method draft "
-    "--num-speculative-tokens 5 --ngram-min 2 --ngram-max 6 --speculative-max-batch 9 "
+    "--num-speculative-tokens 5 --ngram-min 2 --ngram-max 6 --ngram-proposals-per-match 1 "
+    "--speculative-max-batch 9 "
     "--draft-model /dm"
 ).split()
 
