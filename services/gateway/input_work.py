@@ -32,7 +32,11 @@ LARGE_INPUT_BYTES = 64 * 1024
 # `messages` past the limit, so what comes back (unpickled here, under the GIL again) is only a
 # body within the limits.
 PARSE_IN_PROCESS_BYTES = 1024 * 1024
-PARSES_PER_PROCESS = 32  # then a fresh process: what a parse left behind is given back
+# Then a fresh process: what a parse left behind is given back. Counted here, not with the
+# pool's max_tasks_per_child: on Python 3.11 a pool whose process exits for that leaves parses
+# already queued waiting until a later submit starts another (one of 8 bodies sent at once
+# waited 120 s, to the client's cap).
+PARSES_PER_PROCESS = 32
 
 
 class JsonBody(NamedTuple):
@@ -47,8 +51,7 @@ class InputWork:
 
     def __init__(self, large_workers: int = 1) -> None:
         self._large = ThreadPoolExecutor(large_workers, thread_name_prefix="large-input")
-        # Started by the first huge body, on a thread: see _start_parser.
-        self._parser: asyncio.Future[ProcessPoolExecutor] | None = None
+        self._parser: _Parser | None = None  # started by the first huge body
 
     async def parse(self, raw: bytes, max_messages: int | None = None) -> JsonBody:
         large = len(raw) >= LARGE_INPUT_BYTES
@@ -59,20 +62,32 @@ class InputWork:
         return JsonBody(await self._parse_in_process(raw, max_messages), large)
 
     async def _parse_in_process(self, raw: bytes, max_messages: int | None) -> Any:
-        if self._parser is None:
-            self._parser = asyncio.ensure_future(self.run(False, _start_parser))
-        starting = self._parser
+        if self._parser is None or self._parser.given >= PARSES_PER_PROCESS:
+            if self._parser is not None:
+                self._parser.retire()
+            self._parser = _Parser(asyncio.ensure_future(self.run(False, _start_parser)))
+        current = self._parser
+        current.given += 1
         try:
-            parser = await asyncio.shield(starting)
+            parser = await asyncio.shield(current.started)
         except Exception:
-            if self._parser is starting:
+            if self._parser is current:
                 self._parser = None  # the next huge body tries again
+            raise ServiceUnavailableError(
+                "the request body parser did not start; retry later", code="parser_failed"
+            ) from None
+        except asyncio.CancelledError:
+            current.given -= 1  # the client went away before its parse was handed over
+            current.shut_down_if_done()
             raise
         try:
-            return await asyncio.wrap_future(parser.submit(parse_bounded_json, raw, max_messages))
+            parsed = parser.submit(parse_bounded_json, raw, max_messages)
+            current.submitted += 1
+            current.shut_down_if_done()
+            return await asyncio.wrap_future(parsed)
         except BrokenProcessPool:
             # Killed (by the OOM killer, say) while parsing: the next huge body gets a new one.
-            if self._parser is starting:
+            if self._parser is current:
                 self._parser = None
             parser.shutdown(wait=False, cancel_futures=True)
             raise ServiceUnavailableError(
@@ -85,10 +100,33 @@ class InputWork:
 
     def close(self) -> None:
         self._large.shutdown(wait=False, cancel_futures=True)
-        parser = self._parser
-        if parser is not None and parser.done() and not parser.cancelled():
-            if parser.exception() is None:
-                parser.result().shutdown(wait=False, cancel_futures=True)
+        if self._parser is not None and (pool := self._parser.pool()) is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Parser:
+    """A parser pool being started or started, and the parses given to it. One that has had
+    its share is retired: it finishes what it was handed, then exits."""
+
+    def __init__(self, started: asyncio.Future[ProcessPoolExecutor]) -> None:
+        self.started = started
+        self.given = 0  # parses that chose this pool
+        self.submitted = 0  # of those, handed to it (each after awaiting its start)
+        self.retired = False
+        started.add_done_callback(lambda _: self.shut_down_if_done())
+
+    def retire(self) -> None:
+        """Shut down now if every parse given is handed over, else when the last one is."""
+        self.retired = True
+        self.shut_down_if_done()
+
+    def pool(self) -> ProcessPoolExecutor | None:
+        done = self.started.done() and not self.started.cancelled()
+        return self.started.result() if done and self.started.exception() is None else None
+
+    def shut_down_if_done(self) -> None:
+        if self.retired and self.submitted == self.given and (pool := self.pool()) is not None:
+            pool.shutdown(wait=False)  # its parses under way still finish
 
 
 def _start_parser() -> ProcessPoolExecutor:
@@ -101,9 +139,7 @@ def _start_parser() -> ProcessPoolExecutor:
     # Its server would import the gateway's __main__ (transformers and all); the parser needs
     # only this module.
     context.set_forkserver_preload([__name__])
-    parser = ProcessPoolExecutor(
-        1, mp_context=context, initializer=_lower_priority, max_tasks_per_child=PARSES_PER_PROCESS
-    )
+    parser = ProcessPoolExecutor(1, mp_context=context, initializer=_lower_priority)
     parser.submit(int).result()  # its first process is up: a parse waits for nothing else
     return parser
 

@@ -3,6 +3,7 @@ a `messages` list past the limit there; a parser that dies costs one 503, not th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -10,8 +11,10 @@ import signal
 import psutil
 import pytest
 
+from services.gateway import input_work
 from services.gateway.input_work import PARSE_IN_PROCESS_BYTES, InputWork
 from shared.errors import InvalidRequestError, ServiceUnavailableError
+from tests.support.polling import eventually
 
 
 def _chat_body(num_messages: int) -> bytes:
@@ -64,3 +67,25 @@ async def test_a_parser_killed_costs_one_503_and_the_next_body_gets_a_new_one(in
         await inputs.parse(_chat_body(10))
     body = await inputs.parse(_chat_body(10))
     assert len(body.value["messages"]) == 10
+
+
+async def test_bodies_queued_as_the_parser_is_replaced_are_all_parsed(inputs, monkeypatch):
+    # Python 3.11's own recycling (max_tasks_per_child) left the parses queued behind the
+    # process that exited waiting for a later submit, which may never come.
+    monkeypatch.setattr(input_work, "PARSES_PER_PROCESS", 2)
+    parses = asyncio.gather(*(inputs.parse(_chat_body(10)) for _ in range(5)))
+    bodies = await asyncio.wait_for(parses, timeout=60)  # a guard against a hang, not a figure
+    assert [len(body.value["messages"]) for body in bodies] == [10] * 5
+    # Three parsers took 2 + 2 + 1: the two retired ones exit, the last stays.
+    await eventually(lambda: len(_forked_parsers()) == 1, timeout=30, message=_forked_parsers)
+
+
+def _forked_parsers() -> list[int]:
+    """The parser processes: what the forkserver (a child of this process) forked."""
+    return [
+        grandchild.pid
+        for child in psutil.Process().children()
+        if "forkserver" in " ".join(child.cmdline())
+        for grandchild in child.children()
+        if grandchild.status() != psutil.STATUS_ZOMBIE
+    ]
