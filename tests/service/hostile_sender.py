@@ -80,13 +80,14 @@ async def _receive(conn: Connection) -> object:
 
 
 def _sender(conn: Connection, url: str, recipe: hp.Recipe) -> None:
+    asyncio.run(_send(conn, url, recipe))
+
+
+async def _send(conn: Connection, url: str, recipe: hp.Recipe) -> None:
+    # Everything but the post itself before "ready": at the go this process only sends.
     call = recipe()
-    conn.send("ready")
-    conn.recv()  # go
-    conn.send(asyncio.run(_post_once(url, call)))
-
-
-async def _post_once(url: str, call: hp.Call) -> dict:
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        return await post_to(session, url, call)
+        conn.send("ready")
+        await _receive(conn)  # go
+        conn.send(await post_to(session, url, call))
