@@ -128,6 +128,15 @@ CASES = [
         ("rows.0.long_prompt_latency_s", "rows.0.idle_max_gap_s"),
     ),
     Case(
+        "ngram_replay",
+        lambda m, out: ["--model", str(m), "--streams", str(out.parent / "streams.json"),
+                        "--levels", "1:1", "--output-len", "8", "--passage-words", "5",
+                        "--threads", "1", "--k", "3", "--ngram-min", "1", "--ngram-max", "4",
+                        "--per-match", "0,2", "--engine-check", "3:1:4:0", "--output", str(out)],
+        ("streams.num_streams", "rows.0.results.all.tokens_per_step",
+         "engine_checks.2.engine_proposed", "lookup_bound_by_k.3.all"),
+    ),
+    Case(
         "offline_throughput",
         lambda m, out: ["--model", str(m), "--num-prompts", "2", "--input-len", "8",
                         "--output-len", "4", "--threads", "1", "--output", str(out)],
