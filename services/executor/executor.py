@@ -190,12 +190,7 @@ class Executor:
         (a GPU's kernels read the blocks in place) on its plain path (no soft-capping, no
         window, which gather differently) and a budget above 0."""
         spec = self.model.spec
-        if (
-            budget_bytes <= 0
-            or self.ops.name != "torch"
-            or spec.attn_softcap
-            or any(spec.windows)
-        ):
+        if budget_bytes <= 0 or self.ops.name != "torch" or spec.attn_softcap or any(spec.windows):
             return None
         return ContextMirrors(self.cache.device, budget_bytes)
 

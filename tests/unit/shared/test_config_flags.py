@@ -25,7 +25,8 @@ EVERY_FLAG = (
     "--model /m --download-dir /d --dtype float16 --max-model-len 99 --engine-seed 7 "
     "--num-threads 3 --device cpu --generation-config vllm "
     "--attention-backend torch --enforce-eager --quantization int8 --block-size 8 "
-    "--num-device-blocks 40 --kv-cache-gb 0.5 --swap-space-gb 0.25 --max-num-seqs 9 "
+    "--num-device-blocks 40 --kv-cache-gb 0.5 --swap-space-gb 0.25 --context-mirror-gb 0.125 "
+    "--max-num-seqs 9 "
     "--max-num-batched-tokens 300 --max-prefill-tokens-per-request 33 --no-chunked-prefill "
     "--preemption-mode swap --budget-order arrival --scheduling-policy priority "
     "--kv-policy orca-max --no-prefix-caching --no-async-scheduling "
@@ -56,6 +57,7 @@ def test_every_flag_reaches_its_field_in_its_unit():
     config = engine_config_from_args(_parser().parse_args(EVERY_FLAG))
     assert config.model.seed == 7 and config.model.device == "cpu"
     assert config.cache.kv_cache_bytes == GiB // 2 and config.cache.swap_space_bytes == GiB // 4
+    assert config.cache.context_mirror_bytes == GiB // 8
     assert config.grammar.cache_bytes == int(12.5 * (1 << 20))
     assert config.grammar.limits == GrammarLimits(1000, 10, 100, 5)
     assert config.sim.kv_cache_bytes == int(2.5 * GiB) and config.sim.step_overhead_s == 3 / 1e3
