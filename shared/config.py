@@ -250,24 +250,20 @@ class SpeculativeConfig:
         "propose tokens and verify them in one step: ngram (prompt lookup in the request's own "
         "tokens) or draft (a smaller model of the same tokenizer, --draft-model); default: off",
     )  # fmt: skip
-    # None: the method's own default. ngram 8: its proposals are also capped by
-    # ngram_proposals_per_match, so K is only what a long match may propose (on recorded greedy
-    # outputs K = 8 with 2 per matched token made 1.89 tokens per step where K = 3 alone made
-    # 1.74, with about as many proposals: benchmarks/ngram_replay.py); draft 3: every draft
-    # token costs a draft model step.
-    num_tokens: int | None = flag(
-        None, "--num-speculative-tokens",
-        "tokens proposed per speculating sequence and step, at most (default: 8 for ngram, "
-        "3 for draft)",
-    )  # fmt: skip
+    num_tokens: int = flag(
+        3, "--num-speculative-tokens", "tokens proposed per speculating sequence and step, at most"
+    )
     # As vLLM's prompt_lookup_min/max: the longest suffix of n in [min, max] tokens that occurs
     # earlier in the request wins.
     ngram_min: int = flag(1, "--ngram-min", "shortest n-gram the ngram proposer matches")
     ngram_max: int = flag(4, "--ngram-max", "longest n-gram the ngram proposer matches")
-    # A short match is weak evidence of copying: a 1-token match proposes 2 tokens, a 4-token
-    # one 8 (services/scheduler/ngram_proposer.py).
+    # At most this many proposals per matched n-gram token (0: K whatever the match): a short
+    # match is weak evidence of copying (services/scheduler/ngram_proposer.py). Off by default:
+    # on recorded outputs K = 8 with 2 per match projected 1.89 tokens per verify step where
+    # K = 3 made 1.74 (benchmarks/ngram_replay.py), but served at concurrency 1 its TPOT was no
+    # better on repeated text and 20% worse on code (docs/benchmarks.md).
     ngram_proposals_per_match: int = flag(
-        2, "--ngram-proposals-per-match",
+        0, "--ngram-proposals-per-match",
         "ngram: propose at most this many tokens per token of the matched n-gram (0: always "
         "--num-speculative-tokens)",
     )  # fmt: skip
@@ -290,8 +286,6 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method must be ngram or draft, got {self.method!r}")
         if self.method == "draft" and self.draft_model is None:
             raise ValueError("--speculative-method draft needs --draft-model (the draft model)")
-        if self.num_tokens is None:
-            object.__setattr__(self, "num_tokens", 8 if self.method == "ngram" else 3)
         _positive("num_speculative_tokens", self.num_tokens)
         if self.ngram_proposals_per_match < 0:
             raise ValueError(

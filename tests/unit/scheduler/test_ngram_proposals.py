@@ -27,11 +27,9 @@ def test_the_match_is_measured_up_to_ngram_max():
     assert propose_ngram(LOOP, 8, 1, 2, per_match=2) == [8, 9, 5, 6]
 
 
-def test_k_defaults_to_the_methods_own():
-    assert SpeculativeConfig(method="ngram").num_tokens == 8
-    assert SpeculativeConfig(method="draft", draft_model="d").num_tokens == 3
-    assert SpeculativeConfig(method="ngram", num_tokens=3).num_tokens == 3
-    assert SpeculativeConfig(method="ngram").ngram_proposals_per_match == 2
+def test_the_per_match_cap_is_off_by_default_and_never_negative():
+    assert SpeculativeConfig(method="ngram").num_tokens == 3
+    assert SpeculativeConfig(method="ngram").ngram_proposals_per_match == 0
     with pytest.raises(ValueError, match="ngram_proposals_per_match"):
         SpeculativeConfig(method="ngram", ngram_proposals_per_match=-1)
 
@@ -41,7 +39,11 @@ def test_speculation_applies_the_cap_per_matched_token():
         "r", 0, SamplingParams(max_tokens=100), [Sequence(0, 0, list(LOOP), len(LOOP))]
     )
     seq = group.seqs[0]
-    capped = Speculation(SpeculativeConfig(method="ngram", ngram_proposals_per_match=1), 1000)
+    capped = Speculation(
+        SpeculativeConfig("ngram", num_tokens=8, ngram_proposals_per_match=1), 1000
+    )
     assert capped.propose(group, seq, room=100) == [8, 9, 5]
-    uncapped = Speculation(SpeculativeConfig(method="ngram", ngram_proposals_per_match=0), 1000)
+    uncapped = Speculation(
+        SpeculativeConfig("ngram", num_tokens=8, ngram_proposals_per_match=0), 1000
+    )
     assert uncapped.propose(group, seq, room=100) == [8, 9, 5, 6, 7]
