@@ -19,7 +19,8 @@ def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @dataclass
 class PrefillSpan:
-    """One sequence with several query tokens (a prompt, a prompt chunk or a recompute)."""
+    """One sequence with several query tokens (a prompt, a prompt chunk or a recompute), or a
+    one-token chunk read from a mirror."""
 
     query_start: int  # first row of this sequence in the flat batch
     query_end: int  # one past its last row
@@ -145,12 +146,12 @@ def _reference_views(
     max_decode_len = 0
     for i, q_len in enumerate(query_lens):
         seq_len = start_positions[i] + q_len
-        if q_len == 1:
+        mirror = None if mirrors is None else mirrors[i]
+        if q_len == 1 and mirror is None:
             decode_seq_idx.append(i)
             max_decode_len = max(max_decode_len, seq_len)
         else:
             blocks = table[i, : -(-seq_len // block_size)]
-            mirror = None if mirrors is None else mirrors[i]
             prefills.append(PrefillSpan(row, row + q_len, start_positions[i], blocks, mirror))
         row += q_len
     decode_idx = host_to_device(torch.tensor(decode_seq_idx, dtype=torch.int64), device)

@@ -18,8 +18,6 @@ from shared.protocol import ScheduledSeq
 
 # Below this much cached context the gather is cheap and a mirror not worth its memory.
 MIN_CONTEXT = 256
-# Capacity grows in steps of this many positions (and at least doubles), so appends rarely copy.
-GROWTH = 1024
 
 
 class ContextMirrors:
@@ -34,10 +32,12 @@ class ContextMirrors:
         self,
         pool: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         budget_bytes: int,
+        max_len: int,  # the longest sequence: a mirror is made this long at once, within budget
         min_context: int | None = None,  # None: MIN_CONTEXT
     ) -> None:
         self.pool = pool
         self.budget_bytes = budget_bytes
+        self.max_len = max_len
         self.min_context = MIN_CONTEXT if min_context is None else min_context
         self.mirrors: dict[int, torch.Tensor] = {}  # seq_id -> [L, 2, kv_heads, capacity, D]
         self.lengths: dict[int, int] = {}  # seq_id -> positions the mirror holds
@@ -50,17 +50,20 @@ class ContextMirrors:
     ) -> list[torch.Tensor | None]:  # per seq: its mirror, or None (the gathered path)
         """Each scheduled sequence's mirror, grown to hold this step's tokens and filled up to
         its start position; mirrors of sequences not computing a chunk now are dropped."""
-        wanted = {
-            s.seq_id
-            for s in seqs
-            if len(s.token_ids) > 1 and not s.num_spec_tokens and s.start_pos >= self.min_context
-        }
+        wanted = {s.seq_id for s in seqs if self._is_deep_chunk(s)}
         for seq_id in [i for i in self.mirrors if i not in wanted]:
             self._drop(seq_id)
         out: list[torch.Tensor | None] = []
         for index, seq in enumerate(seqs):
             out.append(self._prepare(seq, tables[index]) if seq.seq_id in wanted else None)
         return out
+
+    def _is_deep_chunk(self, seq: ScheduledSeq) -> bool:
+        """A prompt chunk (or recompute) at min_context or deeper: several tokens, or one that
+        does not sample (a chunk that deep is often a single token; with a mirror it is not
+        batched with the decodes, whose padded gather would then reach its whole context)."""
+        chunk = len(seq.token_ids) > 1 or not seq.sample
+        return chunk and not seq.num_spec_tokens and seq.start_pos >= self.min_context
 
     def _prepare(
         self,
@@ -89,13 +92,14 @@ class ContextMirrors:
         self, seq_id: int, old: torch.Tensor | None, keep: int, end: int
     ) -> torch.Tensor | None:
         """A mirror with room for `end` positions holding the old one's first `keep`; None when
-        the budget has no room (the sequence then gathers from its blocks)."""
+        the budget has no room (the sequence then gathers from its blocks). It is made as long
+        as the longest sequence at once, so a prompt never waits on a growth's copy mid-way
+        (its pages become resident only as chunks write them)."""
         num_layers, _, _, _, num_kv_heads, head_dim = self.pool.shape
-        capacity = max(end, 2 * (0 if old is None else old.shape[3]))
-        capacity = -(-capacity // GROWTH) * GROWTH
         per_position = num_layers * 2 * num_kv_heads * head_dim * self.pool.element_size()
         held = self.bytes_held() - (0 if old is None else old.numel() * old.element_size())
-        if held + capacity * per_position > self.budget_bytes:
+        capacity = min(max(end, self.max_len), (self.budget_bytes - held) // per_position)
+        if capacity < end:
             self._drop(seq_id)
             return None
         mirror = self.pool.new_empty((num_layers, 2, num_kv_heads, capacity, head_dim))

@@ -65,6 +65,13 @@ from shared.protocol import (
 log = logging.getLogger("pagedserve.executor")
 
 
+# How many times faster than fp32 a quantization mode's linear layers run on the CPU
+# (`_int_mm` 5.4x at 64 rows, docs/benchmarks.md "cpu_linear_kernels"). Attention stays fp32,
+# so with int8 weights a context token costs that many times more of a chunk token's linear
+# work than the multiply-adds say (ModelSpec.context_cost_tokens counts them as fp32).
+LINEAR_SPEEDUP = {"int8": 5}
+
+
 class Executor:
     """Rank 0 (the default) talks to the scheduler; with tensor parallelism it starts or meets
     ranks 1.. (`tp_worker`), broadcasts each plan to them, and alone samples and answers."""
@@ -192,7 +199,7 @@ class Executor:
         spec = self.model.spec
         if budget_bytes <= 0 or self.ops.name != "torch" or spec.attn_softcap or any(spec.windows):
             return None
-        return ContextMirrors(self.cache.device, budget_bytes)
+        return ContextMirrors(self.cache.device, budget_bytes, self.max_model_len)
 
     # ---- tensor parallelism -----------------------------------------------------------------
     def ranks_alive(self) -> bool:
@@ -237,7 +244,8 @@ class Executor:
             vocab_size=self.model.spec.vocab_size,
             eos_token_ids=self.eos_token_ids,
             device_type=self.device.type,
-            context_cost_tokens=self.model.spec.context_cost_tokens,
+            context_cost_tokens=self.model.spec.context_cost_tokens
+            // LINEAR_SPEEDUP.get(self.quantization, 1),
             default_sampling=self.default_sampling,
             sliding_window=self.model.spec.shared_window,
             rope_switch_len=rope_switch,

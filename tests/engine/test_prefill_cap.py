@@ -162,3 +162,12 @@ def test_greedy_output_with_capped_chunks_equals_transformers(tiny_model_dir, pr
         and any(len(s.token_ids) == 1 for s in p.seqs)
         for p in plans
     )
+
+
+def test_int8_weights_price_context_higher(tiny_model_dir):
+    # Attention stays fp32 while int8 linear layers run ~5x faster: a context token costs a
+    # chunk 5x more of its linear work, so deep chunks get smaller.
+    config = engine_config(tiny_model_dir)
+    plain = LLMEngine(config).executor.ready().context_cost_tokens
+    int8 = replace(config, model=replace(config.model, quantization="int8"))
+    assert LLMEngine(int8).executor.ready().context_cost_tokens == plain // 5 > 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.metadata import build_attention_metadata
+from kernels.metadata import build_attention_metadata, metadata_from_table
 from kernels.reference import paged_attention, store_kv
 from services.executor.context_mirror import ContextMirrors
 from shared.protocol import ScheduledSeq
@@ -32,9 +32,9 @@ def chunk_step(
     kv: torch.Tensor, blocks: list[int], start: int, n: int, mirror, gen: torch.Generator
 ) -> list[torch.Tensor]:
     """One prompt chunk of n tokens at `start` through every layer; its outputs per layer."""
-    meta = build_attention_metadata([n], [start], [blocks], BLOCK)
-    meta.reference.prefills[0].mirror = mirror
-    meta.reference.mirrored = mirror is not None
+    meta = metadata_from_table([n], [start], table(blocks), BLOCK, mirrors=[mirror])
+    # A mirrored one-token chunk is a span of its own, not a row of the decode batch.
+    assert meta.reference.mirrored == (mirror is not None)
     outs = []
     for layer in range(LAYERS):
         q = torch.randn(n, HEADS, DIM, generator=gen)
@@ -49,9 +49,11 @@ def chunk_step(
 def test_attention_over_a_mirror_equals_the_gathered_context_chunk_after_chunk():
     blocks = [9, 3, 40, 7, 22, 51, 13, 30, 2, 61]  # 40 positions, scattered
     gathered, mirrored = pool(), pool()
-    mirrors = ContextMirrors(mirrored, budget_bytes=1 << 20, min_context=8)
+    mirrors = ContextMirrors(mirrored, budget_bytes=1 << 20, max_len=BLOCKS * BLOCK, min_context=8)
     start = 0
-    for n in (6, 3, 5, 1 + 1, 7, 4):  # the first two run below min_context: no mirror yet
+    # The first two run below min_context (no mirror yet); one-token chunks deep in a prompt
+    # read the mirror too.
+    for n in (6, 3, 5, 1, 2, 1, 7, 4):
         gen_a, gen_b = torch.Generator().manual_seed(start), torch.Generator().manual_seed(start)
         [mirror] = mirrors.for_step([seq(1, start, n)], table(blocks))
         assert (mirror is None) == (start < 8)
@@ -68,7 +70,7 @@ def test_attention_over_a_mirror_equals_the_gathered_context_chunk_after_chunk()
 
 
 def test_a_sequence_that_skips_a_step_or_restarts_is_rebuilt_from_its_blocks():
-    mirrors = ContextMirrors(pool(), budget_bytes=1 << 20, min_context=8)
+    mirrors = ContextMirrors(pool(), budget_bytes=1 << 20, max_len=BLOCKS * BLOCK, min_context=8)
     blocks = table(list(range(10)))
     mirrors.for_step([seq(1, 8, 4)], blocks)
     mirrors.for_step([seq(1, 12, 4)], blocks)  # the next chunk: appended, no fill
@@ -77,36 +79,38 @@ def test_a_sequence_that_skips_a_step_or_restarts_is_rebuilt_from_its_blocks():
     assert 1 not in mirrors.mirrors and mirrors.fills == 2
     mirrors.for_step([seq(2, 8, 4)], blocks)  # the same start again (a recompute): rebuilt
     assert mirrors.fills == 3 and mirrors.lengths[2] == 12
-    mirrors.for_step([seq(2, 12, 1)], blocks)  # decoding now: no mirror kept
+    decoding = ScheduledSeq(2, [1], 12, [], replace_table=False, sample=True)
+    mirrors.for_step([decoding], blocks)  # decoding now: no mirror kept
     assert not mirrors.mirrors and mirrors.bytes_held() == 0
 
 
 def test_speculating_rows_and_shallow_chunks_get_no_mirror():
-    mirrors = ContextMirrors(pool(), budget_bytes=1 << 20, min_context=8)
+    mirrors = ContextMirrors(pool(), budget_bytes=1 << 20, max_len=BLOCKS * BLOCK, min_context=8)
     spec = ScheduledSeq(1, [1] * 4, 20, [], False, sample=True, num_spec_tokens=3)
     shallow = seq(2, 4, 4)
     assert mirrors.for_step([spec, shallow], table(list(range(10))).repeat(2, 1)) == [None, None]
 
 
-def test_the_budget_refuses_a_mirror_and_growth_keeps_what_was_written():
+def test_a_mirror_is_made_whole_within_the_budget_and_growth_keeps_what_was_written():
     per_position = LAYERS * 2 * KV_HEADS * DIM * 4
-    mirrors = ContextMirrors(pool(), budget_bytes=1024 * per_position, min_context=8)
+    mirrors = ContextMirrors(pool(), budget_bytes=100 * per_position, max_len=64, min_context=8)
     blocks = table(list(range(BLOCKS)))
     [first] = mirrors.for_step([seq(1, 8, 8)], blocks)
-    assert first is not None and first.shape[3] == 1024  # capacity in steps of 1024
+    assert first.shape[3] == 64  # the longest sequence at once: no growth mid-prompt
     first[:, :, :, 8:16] = 5.0  # what the attention would append
-    [second] = mirrors.for_step([seq(1, 16, 8), seq(2, 8, 8)], blocks.repeat(2, 1))[:1]
-    assert second is first  # room already
-    assert mirrors.mirrors.get(2) is None  # a second one does not fit the budget
-    mirrors.budget_bytes = 4096 * per_position
-    [grown] = mirrors.for_step([seq(1, 24, 1100)], blocks)
-    assert grown.shape[3] == 2048 and mirrors.fills == 1
+    again, second = mirrors.for_step([seq(1, 16, 8), seq(2, 8, 8)], blocks.repeat(2, 1))
+    assert again is first and second.shape[3] == 36  # what the budget has left
+    _, refused = mirrors.for_step([seq(1, 24, 8), seq(2, 16, 32)], blocks.repeat(2, 1))
+    assert refused is None and 2 not in mirrors.mirrors  # 48 positions do not fit in 36
+    mirrors.budget_bytes = 300 * per_position
+    [grown] = mirrors.for_step([seq(1, 32, 40)], blocks)
+    assert grown.shape[3] == 72 and mirrors.fills == 2  # seq 1 once, seq 2 once
     assert bool((grown[:, :, :, 8:16] == 5.0).all())
 
 
 def test_a_mirrored_span_without_its_layer_is_refused():
     kv = pool()
-    mirrors = ContextMirrors(kv, budget_bytes=1 << 20, min_context=8)
+    mirrors = ContextMirrors(kv, budget_bytes=1 << 20, max_len=BLOCKS * BLOCK, min_context=8)
     [mirror] = mirrors.for_step([seq(1, 8, 2)], table(list(range(10))))
     meta = build_attention_metadata([2], [8], [list(range(10))], BLOCK)
     meta.reference.prefills[0].mirror = mirror
