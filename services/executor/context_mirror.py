@@ -23,9 +23,10 @@ MIN_CONTEXT = 256
 class ContextMirrors:
     """The mirrors of the sequences whose prompt chunks this step computes, within a byte budget.
 
-    A mirror lives only while its sequence computes chunks in consecutive steps: one absent from
-    a step, or seen decoding, loses it, so no freed or preempted sequence keeps memory, and a
-    sequence that comes back (swapped in, recomputed) starts from its blocks again.
+    A mirror lives only while its sequence computes its prompt in consecutive steps: one absent
+    from a step, decoding or speculating loses it, so no freed or preempted sequence keeps
+    memory, and a sequence that comes back (swapped in, recomputed) starts from its blocks
+    again.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class ContextMirrors:
         self.min_context = MIN_CONTEXT if min_context is None else min_context
         self.mirrors: dict[int, torch.Tensor] = {}  # seq_id -> [L, 2, kv_heads, capacity, D]
         self.lengths: dict[int, int] = {}  # seq_id -> positions the mirror holds
+        self.prompt_lens: dict[int, int] = {}  # seq_id -> its prompt's length, until freed
         self.fills = 0  # mirrors filled from the blocks (a first chunk deep enough, or a rebuild)
 
     def for_step(
@@ -50,7 +52,10 @@ class ContextMirrors:
     ) -> list[torch.Tensor | None]:  # per seq: its mirror, or None (the gathered path)
         """Each scheduled sequence's mirror, grown to hold this step's tokens and filled up to
         its start position; mirrors of sequences not computing a chunk now are dropped."""
-        wanted = {s.seq_id for s in seqs if self._is_deep_chunk(s)}
+        for s in seqs:
+            if s.prompt_len is not None:  # sent with a sequence's first appearance
+                self.prompt_lens[s.seq_id] = s.prompt_len
+        wanted = {s.seq_id for s in seqs if self._is_deep_chunk(s) or self._continues(s)}
         for seq_id in [i for i in self.mirrors if i not in wanted]:
             self._drop(seq_id)
         out: list[torch.Tensor | None] = []
@@ -64,6 +69,17 @@ class ContextMirrors:
         batched with the decodes, whose padded gather would then reach its whole context)."""
         chunk = len(seq.token_ids) > 1 or not seq.sample
         return chunk and not seq.num_spec_tokens and seq.start_pos >= self.min_context
+
+    def _continues(self, seq: ScheduledSeq) -> bool:
+        """A prompt's last chunk of one token, right after the positions its mirror holds: it
+        samples, so it looks like a decode, but in the decode batch its padded gather would
+        reach the whole context for every row. Decodes after it drop the mirror."""
+        return (
+            len(seq.token_ids) == 1
+            and not seq.num_spec_tokens
+            and self.lengths.get(seq.seq_id) == seq.start_pos
+            and self.prompt_lens.get(seq.seq_id) == seq.start_pos + 1
+        )
 
     def _prepare(
         self,
@@ -126,6 +142,11 @@ class ContextMirrors:
     def clear(self) -> None:
         self.mirrors.clear()
         self.lengths.clear()
+
+    def forget(self, seq_id: int) -> None:
+        """The sequence was freed: its mirror goes now, not at the next step."""
+        self._drop(seq_id)
+        self.prompt_lens.pop(seq_id, None)
 
     def _drop(self, seq_id: int) -> None:
         self.mirrors.pop(seq_id, None)

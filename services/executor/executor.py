@@ -364,6 +364,8 @@ class Executor:
         """The scheduler freed these sequences: drop their tables and (rank 0) their state."""
         for seq_id in seq_ids:
             self.block_tables.forget(seq_id)
+            if self.mirrors is not None:
+                self.mirrors.forget(seq_id)
             if self.shard.is_driver:
                 self.sampling.forget(seq_id)
                 if self.draft is not None:

@@ -20,8 +20,8 @@ def pool() -> torch.Tensor:  # [L, 2, blocks, block_size, kv_heads, D], random s
     )
 
 
-def seq(seq_id: int, start: int, n: int) -> ScheduledSeq:
-    return ScheduledSeq(seq_id, [1] * n, start, [], replace_table=False, sample=False)
+def seq(seq_id: int, start: int, n: int, sample: bool = False, prompt_len=None) -> ScheduledSeq:
+    return ScheduledSeq(seq_id, [1] * n, start, [], False, sample=sample, prompt_len=prompt_len)
 
 
 def table(blocks: list[int]) -> torch.Tensor:  # [1, max_blocks]
@@ -52,10 +52,12 @@ def test_attention_over_a_mirror_equals_the_gathered_context_chunk_after_chunk()
     mirrors = ContextMirrors(mirrored, budget_bytes=1 << 20, max_len=BLOCKS * BLOCK, min_context=8)
     start = 0
     # The first two run below min_context (no mirror yet); one-token chunks deep in a prompt
-    # read the mirror too.
-    for n in (6, 3, 5, 1, 2, 1, 7, 4):
+    # read the mirror too, the prompt's last one (it samples) included. 26 prompt tokens.
+    steps = [(6, 0), (3, 0), (5, 0), (1, 0), (2, 0), (1, 0), (7, 0), (1, 1)]
+    for n, sample in steps:
         gen_a, gen_b = torch.Generator().manual_seed(start), torch.Generator().manual_seed(start)
-        [mirror] = mirrors.for_step([seq(1, start, n)], table(blocks))
+        entry = seq(1, start, n, bool(sample), prompt_len=26 if start == 0 else None)
+        [mirror] = mirrors.for_step([entry], table(blocks))
         assert (mirror is None) == (start < 8)
         expected = chunk_step(gathered, blocks, start, n, None, gen_a)
         got = chunk_step(mirrored, blocks, start, n, mirror, gen_b)
@@ -67,6 +69,9 @@ def test_attention_over_a_mirror_equals_the_gathered_context_chunk_after_chunk()
     held = mirrors.mirrors[1][:, :, :, :start]  # [L, 2, kv_heads, start, D]
     from_blocks = mirrored[:, :, blocks].reshape(LAYERS, 2, -1, KV_HEADS, DIM)[:, :, :start]
     torch.testing.assert_close(held, from_blocks.permute(0, 1, 3, 2, 4))
+    # The decode after the prompt goes to the decode batch: the mirror is dropped.
+    assert mirrors.for_step([seq(1, start, 1, sample=True)], table(blocks)) == [None]
+    assert not mirrors.mirrors
 
 
 def test_a_sequence_that_skips_a_step_or_restarts_is_rebuilt_from_its_blocks():
@@ -79,9 +84,14 @@ def test_a_sequence_that_skips_a_step_or_restarts_is_rebuilt_from_its_blocks():
     assert 1 not in mirrors.mirrors and mirrors.fills == 2
     mirrors.for_step([seq(2, 8, 4)], blocks)  # the same start again (a recompute): rebuilt
     assert mirrors.fills == 3 and mirrors.lengths[2] == 12
-    decoding = ScheduledSeq(2, [1], 12, [], replace_table=False, sample=True)
-    mirrors.for_step([decoding], blocks)  # decoding now: no mirror kept
+    mirrors.for_step([seq(2, 12, 1, sample=True)], blocks)  # a decode: dropped, none made
     assert not mirrors.mirrors and mirrors.bytes_held() == 0
+    mirrors.for_step([seq(3, 8, 4, prompt_len=13)], blocks)
+    speculating = ScheduledSeq(3, [1, 5], 12, [], False, sample=True, num_spec_tokens=1)
+    assert mirrors.for_step([speculating], blocks) == [None] and not mirrors.mirrors
+    mirrors.for_step([seq(4, 8, 4)], blocks)
+    mirrors.forget(4)  # freed: gone at once
+    assert not mirrors.mirrors
 
 
 def test_speculating_rows_and_shallow_chunks_get_no_mirror():
