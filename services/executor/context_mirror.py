@@ -93,12 +93,12 @@ class ContextMirrors:
         if mirror is not None and seq.start_pos != self.lengths[seq.seq_id]:
             self._drop(seq.seq_id)
             mirror = None
-        valid = 0 if mirror is None else seq.start_pos
-        if mirror is None or mirror.shape[3] < end:
-            mirror = self._grow(seq.seq_id, mirror, valid, end)
+        fresh = mirror is None  # then filled from the blocks up to start_pos
+        if fresh or mirror.shape[3] < end:
+            mirror = self._grow(seq.seq_id, mirror, 0 if fresh else seq.start_pos, end)
             if mirror is None:
                 return None
-        if valid < seq.start_pos:
+        if fresh:
             self._fill(mirror, table, seq.start_pos)
         # The attention writes this step's K/V at start_pos:end (kernels/reference.py).
         self.lengths[seq.seq_id] = end

@@ -11,7 +11,8 @@ from shared.config import SchedulerConfig
 from shared.protocol import PENDING_TOKEN, ExecutorReady, SampledToken, StepResult
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
-from tests.support.reference_model import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
+from tests.support.engine_runs import CONTENDED_GREEDY
+from tests.support.reference_model import MAX_NEW_TOKENS
 
 
 def _run(engine: LLMEngine, prompts, params) -> tuple[list, list]:
@@ -47,8 +48,7 @@ def test_overlapped_greedy_equals_transformers_under_preemption(
         preemption_mode=mode,
     )
     engine = LLMEngine(config, overlap_steps=True)
-    sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs, ahead = _run(engine, contended_prompts, sampling)
+    outputs, ahead = _run(engine, contended_prompts, CONTENDED_GREEDY)
     assert [out[0][0] for out in outputs] == hf_greedy_contended
     assert engine.scheduler.num_preemptions >= 5
     # Steps really ran ahead, each on tokens only the executor knew when it was planned.

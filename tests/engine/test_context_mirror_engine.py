@@ -9,10 +9,8 @@ import pytest
 
 from services.engine.llm_engine import LLMEngine
 from services.executor import context_mirror
-from shared.sampling import SamplingParams
 from tests.factories import engine_config
-from tests.support.engine_runs import generate_recording_plans
-from tests.support.reference_model import CONTENDED_NEW_TOKENS
+from tests.support.engine_runs import CONTENDED_GREEDY, generate_recording_plans
 
 MIN_CONTEXT = 16  # the tiny prompts are a few blocks long: mirror from the second block on
 
@@ -49,8 +47,7 @@ def test_mirrored_chunks_under_preemption_equal_transformers(
         preemption_mode=mode,
     )
     engine = LLMEngine(config)
-    sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs, plans = generate_recording_plans(engine, contended_prompts, sampling)
+    outputs, plans = generate_recording_plans(engine, contended_prompts, CONTENDED_GREEDY)
     assert outputs == hf_greedy_contended
     assert engine.scheduler.num_preemptions >= 1
     assert engine.executor.mirrors.fills > 0

@@ -7,8 +7,7 @@ import pytest
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
-from tests.support.engine_runs import GREEDY, generate_recording_plans
-from tests.support.reference_model import CONTENDED_NEW_TOKENS
+from tests.support.engine_runs import CONTENDED_GREEDY, GREEDY, generate_recording_plans
 
 
 def _assert_all_blocks_free(engine: LLMEngine) -> None:
@@ -53,8 +52,7 @@ def test_greedy_matches_transformers_under_preemption(
         preemption_mode=mode,
     )
     engine = LLMEngine(config)
-    sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs, plans = generate_recording_plans(engine, contended_prompts, sampling)
+    outputs, plans = generate_recording_plans(engine, contended_prompts, CONTENDED_GREEDY)
     assert outputs == hf_greedy_contended
     assert engine.scheduler.num_preemptions >= 5
     swapped_out = sum(len(p.swap_out) for p in plans)

@@ -13,7 +13,8 @@ from services.engine.llm_engine import LLMEngine
 from shared.config import EngineConfig, SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
-from tests.support.reference_model import CONTENDED_NEW_TOKENS, VOCAB
+from tests.support.engine_runs import CONTENDED_GREEDY
+from tests.support.reference_model import VOCAB
 from tests.support.speculation import run_checked as _run
 
 # Prompts that repeat themselves, and long enough runs that the random model's greedy output
@@ -60,8 +61,7 @@ def test_greedy_outputs_survive_preemption_mid_speculation(
         max_num_batched_tokens=128,
         preemption_mode=mode,
     )
-    sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs, engine = _run(_ngram(config, 3), contended_prompts, sampling)
+    outputs, engine = _run(_ngram(config, 3), contended_prompts, CONTENDED_GREEDY)
     assert [o[0] for o in outputs] == hf_greedy_contended
     assert engine.scheduler.num_preemptions >= 5
     assert engine.scheduler.speculation.num_proposed > 0

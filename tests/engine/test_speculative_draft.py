@@ -15,10 +15,9 @@ from services.engine.llm_engine import LLMEngine
 from shared.config import EngineConfig, SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, make_tiny_llama, random_prompts
-from tests.support.reference_model import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS, VOCAB
+from tests.support.engine_runs import CONTENDED_GREEDY, GREEDY
+from tests.support.reference_model import VOCAB
 from tests.support.speculation import run_checked as _run
-
-GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +79,7 @@ def test_greedy_outputs_survive_preemption_mid_speculation(
         max_num_batched_tokens=128,
         preemption_mode=mode,
     )
-    sampling = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    outputs, engine = _run(_draft(config, layer_skip_dir, 3), contended_prompts, sampling)
+    outputs, engine = _run(_draft(config, layer_skip_dir, 3), contended_prompts, CONTENDED_GREEDY)
     assert [o[0] for o in outputs] == hf_greedy_contended
     assert engine.scheduler.num_preemptions >= 5
     assert engine.scheduler.speculation.num_accepted > 0

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
-from tests.support.reference_model import MAX_NEW_TOKENS
+from tests.support.reference_model import CONTENDED_NEW_TOKENS, MAX_NEW_TOKENS
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
+# The contended prompts' settings (hf_greedy_contended's length).
+CONTENDED_GREEDY = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
 def generate_recording_plans(
