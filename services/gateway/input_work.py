@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -14,6 +13,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple, TypeVar
 
 from shared.chat import check_message_count
+from shared.cpu_priority import run_when_idle
 from shared.errors import InvalidRequestError, ServiceUnavailableError
 
 T = TypeVar("T")
@@ -37,6 +37,11 @@ PARSE_IN_PROCESS_BYTES = 1024 * 1024
 # already queued waiting until a later submit starts another (one of 8 bodies sent at once
 # waited 120 s, to the client's cap).
 PARSES_PER_PROCESS = 32
+# The parser runs only on CPU time the model's steps leave (SCHED_IDLE): at nice 5 it took a
+# share of a core while it parsed, and a step waits for its slowest torch thread. On a machine
+# whose cores the steps keep busy a parse may then wait; past this it is refused with a 503
+# (retry later) instead of holding its request.
+PARSE_DEADLINE_S = 30.0
 
 
 class JsonBody(NamedTuple):
@@ -84,7 +89,14 @@ class InputWork:
             parsed = parser.submit(parse_bounded_json, raw, max_messages)
             current.submitted += 1
             current.shut_down_if_done()
-            return await asyncio.wrap_future(parsed)
+            return await asyncio.wait_for(asyncio.wrap_future(parsed), PARSE_DEADLINE_S)
+        except TimeoutError:
+            # Cancelled if still queued; one under way finishes on leftover time, unheard.
+            raise ServiceUnavailableError(
+                f"the server is too busy to parse a request body this large within "
+                f"{PARSE_DEADLINE_S:g} s; retry later",
+                code="parser_busy",
+            ) from None
         except BrokenProcessPool:
             # Killed (by the OOM killer, say) while parsing: the next huge body gets a new one.
             if self._parser is current:
@@ -139,13 +151,9 @@ def _start_parser() -> ProcessPoolExecutor:
     # Its server would import the gateway's __main__ (transformers and all); the parser needs
     # only this module.
     context.set_forkserver_preload([__name__])
-    parser = ProcessPoolExecutor(1, mp_context=context, initializer=_lower_priority)
+    parser = ProcessPoolExecutor(1, mp_context=context, initializer=run_when_idle)
     parser.submit(int).result()  # its first process is up: a parse waits for nothing else
     return parser
-
-
-def _lower_priority() -> None:
-    os.nice(5)  # the gateway's event loop and threads come first on a busy machine
 
 
 def parse_bounded_json(raw: bytes, max_messages: int | None) -> Any:

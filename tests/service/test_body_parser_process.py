@@ -89,3 +89,23 @@ def _forked_parsers() -> list[int]:
         for grandchild in child.children()
         if grandchild.status() != psutil.STATUS_ZOMBIE
     ]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+async def test_the_parser_runs_only_on_cpu_time_the_steps_leave(inputs):
+    await inputs.parse(_chat_body(10))
+    (parser,) = _forked_parsers()
+    assert os.sched_getscheduler(parser) == os.SCHED_IDLE
+
+
+async def test_a_parse_past_its_deadline_is_a_503_and_the_next_body_is_parsed(
+    inputs, monkeypatch
+):
+    await inputs.parse(_chat_body(10))  # the parser is up: only the parse itself is timed
+    monkeypatch.setattr(input_work, "PARSE_DEADLINE_S", 0.0)
+    with pytest.raises(ServiceUnavailableError) as busy:
+        await inputs.parse(_chat_body(3000))
+    assert busy.value.code == "parser_busy"
+    monkeypatch.setattr(input_work, "PARSE_DEADLINE_S", 60.0)
+    body = await inputs.parse(_chat_body(100))
+    assert len(body.value["messages"]) == 100
