@@ -42,6 +42,8 @@ from tests.service.hostile_client import (
     Ctx,
     alive,
     idle_probe,
+    matched_idle_probe,
+    matched_ratios,
     post,
     probe,
     probe_figures,
@@ -194,6 +196,7 @@ async def _measure_row(ctx, row, args, idle, sampler, senders, out: dict) -> dic
     probes = []
     while not probes or not (hostile.done() or time.monotonic() > t0 + cap_s):
         probes.append(await probe(ctx, t0 + cap_s + PROBE_GRACE_S))
+    probed_s = time.monotonic() - t0
     results = await hostile
     out |= {
         "statuses": dict(Counter(_status(r) for r in results)),
@@ -204,6 +207,9 @@ async def _measure_row(ctx, row, args, idle, sampler, senders, out: dict) -> dic
         "rss_mib": {"before": before, "peak": dict(sampler.peak), "after": rss_now(ctx.stack.pids)},
         "restarts": ctx.stack.restarts[restarts:],
     }
+    if args.idle_matched:
+        out["matched_idle"] = await matched_idle_probe(ctx, len(probes), probed_s + 5)
+        out["probe"] |= matched_ratios(out["probe"], out["matched_idle"])
     out["problems"] = _problems(row, out)
     return out
 
@@ -225,7 +231,10 @@ def _problems(row: Row, out: dict) -> list[str]:
         problems.append("not refused")
     if any(r.get("openai_error") is False and r["status"] for r in out["requests"]):
         problems.append("error body not OpenAI's")
+    matched = "matched_idle" in out  # then the goal is held against the matched idle probes
     for key, what in (("gap_x_idle", "gap"), ("first_token_x_idle", "first token")):
+        if matched:
+            key = f"longest_{key.removesuffix('_idle')}_matched_idle"
         ratio = out["probe"][key]
         if ratio is not None and ratio > GOAL_RATIO:
             problems.append(f"probe {what} {ratio}x idle")
@@ -246,13 +255,14 @@ def _table_line(r: dict) -> str:
         f"{r['row']:22} {answers[:18]:18} {r['wall_s']:7.1f} "
         f"{p['longest_first_token_s'] or 0:7.2f} {p['first_token_x_idle'] or 0:6.1f} "
         f"{p['longest_gap_s'] or 0:7.2f} {p['gap_x_idle'] or 0:6.1f} "
+        f"{p.get('longest_gap_x_matched_idle') or 0:7.1f} "
         f"{executor:>11} {rss['peak'].get('gateway', 0):7.0f}  {', '.join(r['problems'])}"
     )
 
 
 TABLE_HEAD = (
     f"{'row':22} {'answers':18} {'wall s':>7} {'1st s':>7} {'x idle':>6} {'gap s':>7} "
-    f"{'x idle':>6} "
+    f"{'x idle':>6} {'x match':>7} "
     f"{'exec MiB':>11} {'gw peak':>7}  problems"
 )
 
@@ -334,6 +344,11 @@ def main() -> int:
         "--idle-each-row",
         action="store_true",
         help="an idle probe before each row, that row's ratios against it",
+    )
+    parser.add_argument(
+        "--idle-matched",
+        action="store_true",
+        help="after each row, as many idle probes as it ran; its goal is held against theirs",
     )
     parser.add_argument("--output", default=None, help="write the figures as JSON here")
     args = parser.parse_args()

@@ -111,6 +111,9 @@ def probe_figures(probes: list[dict], idle: dict | None = None, t0: float | None
         "longest_first_token_s": round(max(first), 3) if first else None,
         "longest_gap_s": round(max(between), 3) if between else None,
         "mean_gap_s": round(statistics.fmean(between), 4) if between else None,
+        "p99_gap_s": round(statistics.quantiles(between, n=100)[98], 3)
+        if len(between) > 1
+        else None,
     }
     if idle is not None:
         for key, ratio in (("longest_first_token_s", "first_token_x_idle"),
@@ -145,6 +148,28 @@ async def idle_probe(ctx: Ctx, count: int) -> dict:
         values = [f[key] for f in each if f[key] is not None]
         out[key] = statistics.median(values) if values else None
         out[f"each_{key}"] = values
+    return out
+
+
+async def matched_idle_probe(ctx: Ctx, count: int, max_s: float) -> dict:
+    """As many probes on the idle server as a row ran (or as many as fit in max_s): the
+    figures a row's are fairly held against. The longest of a few thousand gaps is longer than
+    the longest of a hundred on an idle machine too (an idle 32-token probe here has had one
+    gap of 0.12 s among its neighbours' 0.04 s), so a row of 100 probes set against the median
+    of 5 idle ones counts the machine's own noise as the row's."""
+    deadline = time.monotonic() + max_s
+    probes = []
+    while len(probes) < count and time.monotonic() < deadline:
+        probes.append(await probe(ctx, deadline + 30))
+    return probe_figures(probes)
+
+
+def matched_ratios(row: dict, idle: dict) -> dict:
+    """The row's longest waits and 99th-percentile gap over the matched idle probes'."""
+    out = {}
+    for key in ("longest_first_token_s", "longest_gap_s", "p99_gap_s"):
+        ratio = f"{key.removesuffix('_s')}_x_matched_idle"
+        out[ratio] = round(row[key] / idle[key], 2) if row.get(key) and idle.get(key) else None
     return out
 
 

@@ -98,9 +98,7 @@ async def test_the_parser_runs_only_on_cpu_time_the_steps_leave(inputs):
     assert os.sched_getscheduler(parser) == os.SCHED_IDLE
 
 
-async def test_a_parse_past_its_deadline_is_a_503_and_the_next_body_is_parsed(
-    inputs, monkeypatch
-):
+async def test_a_parse_past_its_deadline_is_a_503_and_the_next_body_is_parsed(inputs, monkeypatch):
     await inputs.parse(_chat_body(10))  # the parser is up: only the parse itself is timed
     monkeypatch.setattr(input_work, "PARSE_DEADLINE_S", 0.0)
     with pytest.raises(ServiceUnavailableError) as busy:

@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 from aiohttp import web
 
-from tests.service.hostile_client import probe_figures
+from tests.service.hostile_client import matched_ratios, probe_figures
 from tests.service.hostile_payloads import (
     deep_json,
     lone_surrogate,
@@ -199,3 +199,16 @@ def test_probe_figures_say_when_the_longest_waits_began():
     assert figures["longest_gap_at_s"] == 0.8
     assert figures["longest_first_token_at_s"] == 1.2
     assert "longest_gap_at_s" not in probe_figures(probes)
+
+
+def test_a_row_is_held_against_as_many_idle_gaps_as_it_had():
+    probes = [
+        {"status": 200, "unfinished": False, "started": 0.0, "gaps": [0.05, 0.04, g, 0.04]}
+        for g in (0.04, 0.04, 0.12)
+    ]
+    row = probe_figures(probes)
+    idle = probe_figures(probes[:2] + [{**probes[0], "gaps": [0.05, 0.04, 0.06, 0.04]}])
+    ratios = matched_ratios(row, idle)
+    assert ratios["longest_gap_x_matched_idle"] == 2.0  # 0.12 over the idle probes' 0.06
+    assert ratios["longest_first_token_x_matched_idle"] == 1.0
+    assert row["p99_gap_s"] > idle["p99_gap_s"]
