@@ -111,7 +111,7 @@ def probe_figures(probes: list[dict], idle: dict | None = None, t0: float | None
         "longest_first_token_s": round(max(first), 3) if first else None,
         "longest_gap_s": round(max(between), 3) if between else None,
         "mean_gap_s": round(statistics.fmean(between), 4) if between else None,
-        "p99_gap_s": round(statistics.quantiles(between, n=100)[98], 3)
+        "p99_gap_s": round(statistics.quantiles(between, n=100, method="inclusive")[98], 3)
         if len(between) > 1
         else None,
     }
