@@ -154,14 +154,6 @@ class SchedulerConfig:
         "most, counted context-free and never below the number of decoding sequences (default: 64 "
         "on a CPU, no cap on a GPU; the token budget turns it off)",
     )  # fmt: skip
-    # What reading a chunk's context once costs, in its rows' attention (ExecutorReady.
-    # context_read_rows); None: the executor's figure for its backend.
-    context_read_rows: float | None = flag(
-        None, "--context-read-rows",
-        "CPU chunk pricing: a prompt chunk's one read of its context costs as much attention "
-        "as this many of its rows (default: the executor's figure, measured by "
-        "benchmarks/deep_chunk_attention.py; 0: not priced)",
-    )  # fmt: skip
     # Split long prompts across steps to fit the budget.
     enable_chunked_prefill: bool = flag(
         True, "--no-chunked-prefill",
@@ -217,8 +209,6 @@ class SchedulerConfig:
         _positive(
             "max_prefill_tokens_per_request", self.max_prefill_tokens_per_request, allow_none=True
         )
-        if self.context_read_rows is not None and not self.context_read_rows >= 0:
-            raise ValueError(f"context_read_rows must be >= 0, got {self.context_read_rows}")
         if self.preemption_mode not in typing.get_args(PreemptionMode):
             raise ValueError(
                 f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}"

@@ -28,10 +28,6 @@ class ExecutorReady:
     # forward pass (the linear layers and the LM head): a prompt chunk at context c costs about
     # (1 + c / context_cost_tokens) times its context-free cost. 0: not modelled.
     context_cost_tokens: int = 0
-    # A chunk also reads its whole context once whatever its rows, which costs about as much
-    # attention as this many of its rows: a chunk of r rows at context c then costs
-    # r * (1 + c / cct) + context_read_rows * c / cct context-free tokens. 0: not modelled.
-    context_read_rows: float = 0.0
     # Sampling defaults from the checkpoint's generation_config.json (--generation-config auto)
     # for requests that leave them unset: temperature, top_p, top_k, min_p, repetition_penalty.
     default_sampling: dict[str, float] = field(default_factory=dict)

@@ -70,12 +70,6 @@ log = logging.getLogger("pagedserve.executor")
 # so with int8 weights a context token costs that many times more of a chunk token's linear
 # work than the multiply-adds say (ModelSpec.context_cost_tokens counts them as fp32).
 LINEAR_SPEEDUP = {"int8": 5}
-# The reference attention reads a deep chunk's whole context once whatever its rows: on this
-# machine's 2 cores that read costs about as much as 7 of its rows' attention (7.35, fitted over
-# 1-16 rows at 2,000-7,800 tokens of context: benchmarks/results/deep_chunk_attention.json), so
-# a one-row chunk deep in a long prompt cost about 8 times its price. The Triton kernels are
-# not priced: no cap runs on a GPU.
-CPU_CONTEXT_READ_ROWS = 7.0
 
 
 class Executor:
@@ -252,7 +246,6 @@ class Executor:
             device_type=self.device.type,
             context_cost_tokens=self.model.spec.context_cost_tokens
             // LINEAR_SPEEDUP.get(self.quantization, 1),
-            context_read_rows=CPU_CONTEXT_READ_ROWS if self.device.type == "cpu" else 0.0,
             default_sampling=self.default_sampling,
             sliding_window=self.model.spec.shared_window,
             rope_switch_len=rope_switch,

@@ -86,8 +86,6 @@ class Scheduler:
         cap = config.prefill_cap(ready.device_type) if config.enable_chunked_prefill else None
         self.prefill_cap = cap if cap is not None and cap < self.token_budget else None
         self.context_cost_tokens = ready.context_cost_tokens
-        read = config.context_read_rows
-        self.context_read_rows = ready.context_read_rows if read is None else read
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.limits = RequestLimits.of(ready, config.max_num_seqs)
@@ -412,9 +410,7 @@ class Scheduler:
 
     def _share(self, group: SequenceGroup, budget: int, cap: int | None, decoding: bool) -> int:
         queued = functools.partial(self._others_queued, group)  # asked only under a cap
-        return share(
-            group, budget, cap, decoding, queued, self.context_cost_tokens, self.context_read_rows
-        )
+        return share(group, budget, cap, decoding, queued, self.context_cost_tokens)
 
     def _others_queued(self, group: SequenceGroup) -> bool:
         """Whether a group other than this one waits to start or resume."""

@@ -45,23 +45,19 @@ def share(
     decoding: bool,
     others_queued: Callable[[], bool],
     context_cost_tokens: int,
-    context_read_rows: float = 0.0,
 ) -> int:
     """The part of the step's budget one group may take. With a cap (CPU), chunks count
     context-free tokens: a chunk deep into a long prompt attends to all of it, so it gets
     fewer tokens for the same step time (ExecutorReady.context_cost_tokens); then no step
     runs much longer than its budget's worth, and a request that arrives meanwhile waits
-    at most about one such step for its first chunk. Reading the context costs a chunk
-    context_read_rows rows' attention on top, whatever its size, so deep enough a chunk is one
-    token (ExecutorReady.context_read_rows)."""
+    at most about one such step for its first chunk."""
     if cap is None or is_decoding(group):
         return budget
     if not (decoding or others_queued()):
         cap = budget  # alone: the whole budget (context-free)
     if context_cost_tokens:
         context = group.live_seqs()[0].num_computed_tokens
-        read = int(context_read_rows * context)  # in context tokens' attention
-        cap = max(1, (cap * context_cost_tokens - read) // (context_cost_tokens + context))
+        cap = max(1, cap * context_cost_tokens // (context_cost_tokens + context))
     return min(budget, cap)
 
 

@@ -14,23 +14,14 @@ from tests.support.engine_runs import generate_recording_plans
 from tests.support.scheduler_steps import add, make_scheduler, step
 
 
-def capped(
-    cap: int | None,
-    budget: int = 32,
-    context_cost_tokens: int = 0,
-    context_read_rows: float = 0.0,
-    read_override: float | None = None,
-) -> Scheduler:
+def capped(cap: int | None, budget: int = 32, context_cost_tokens: int = 0) -> Scheduler:
     scheduler = make_scheduler(
         num_device_blocks=64, max_num_batched_tokens=budget, max_model_len=128
     )
-    config = replace(
-        scheduler.config, max_prefill_tokens_per_request=cap, context_read_rows=read_override
-    )
+    config = replace(scheduler.config, max_prefill_tokens_per_request=cap)
     ready = ExecutorReady(
-        64, 16, 4, 128, 100, (2,), device_type="cuda", context_cost_tokens=context_cost_tokens,
-        context_read_rows=context_read_rows,
-    )  # fmt: skip
+        64, 16, 4, 128, 100, (2,), device_type="cuda", context_cost_tokens=context_cost_tokens
+    )
     return Scheduler(config, ready)
 
 
@@ -70,36 +61,6 @@ def test_chunks_deep_into_a_prompt_are_smaller_by_their_attention_cost():
         chunks.append(shares(plan)[seq.seq_id])
         assert chunks[-1] == min(max(1, 16 * 20 // (20 + context)), seq.prompt_len - context)
     assert chunks[:4] == [16, 8, 7, 6]  # at contexts 0, 16, 24 and 31
-
-
-def deep_chunks(scheduler: Scheduler) -> list[tuple[int, int]]:
-    """(context, chunk) of a 60-token prompt computed beside a decoding stream."""
-    add(scheduler, "s", 3, max_tokens=100)
-    step(scheduler)
-    seq = add(scheduler, "long", 60, first=20, max_tokens=2).seqs[0]
-    chunks = []
-    while seq.num_computed_tokens < seq.prompt_len:
-        context = seq.num_computed_tokens
-        plan, _ = step(scheduler)
-        chunks.append((context, shares(plan)[seq.seq_id]))
-    return chunks
-
-
-def test_a_chunk_also_pays_for_reading_its_context_once():
-    # Reading the context costs 2 rows' attention: a chunk of r rows at context c costs
-    # r * (1 + c/20) + 2 * c/20, so the cap of 16 buys (16 * 20 - 2c) // (20 + c), at least 1.
-    chunks = deep_chunks(capped(cap=16, context_cost_tokens=20, context_read_rows=2.0))
-    for context, chunk in chunks:
-        assert chunk == min(max(1, (16 * 20 - 2 * context) // (20 + context)), 60 - context)
-    assert chunks[:4] == [(0, 16), (16, 8), (24, 6), (30, 5)]  # 7 and 6 unpriced at 24, 31
-    assert chunks[-1][1] == 1  # deep enough, one token a step
-
-
-def test_the_flag_overrides_the_executors_context_read_price():
-    priced = capped(cap=16, context_cost_tokens=20, context_read_rows=2.0, read_override=0.0)
-    unpriced = capped(cap=16, context_cost_tokens=20)
-    assert deep_chunks(priced) == deep_chunks(unpriced)
-    assert priced.context_read_rows == 0.0
 
 
 def test_a_lone_prompt_deep_into_its_context_takes_the_budget_context_free():
@@ -210,7 +171,3 @@ def test_int8_weights_price_context_higher(tiny_model_dir):
     plain = LLMEngine(config).executor.ready().context_cost_tokens
     int8 = replace(config, model=replace(config.model, quantization="int8"))
     assert LLMEngine(int8).executor.ready().context_cost_tokens == plain // 5 > 0
-
-
-def test_the_cpu_executor_prices_reading_a_chunks_context(tiny_model_dir):
-    assert LLMEngine(engine_config(tiny_model_dir)).executor.ready().context_read_rows > 0

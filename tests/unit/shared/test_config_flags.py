@@ -27,8 +27,7 @@ EVERY_FLAG = (
     "--attention-backend torch --enforce-eager --quantization int8 --block-size 8 "
     "--num-device-blocks 40 --kv-cache-gb 0.5 --swap-space-gb 0.25 --context-mirror-gb 0.125 "
     "--max-num-seqs 9 "
-    "--max-num-batched-tokens 300 --max-prefill-tokens-per-request 33 --context-read-rows 2.5 "
-    "--no-chunked-prefill "
+    "--max-num-batched-tokens 300 --max-prefill-tokens-per-request 33 --no-chunked-prefill "
     "--preemption-mode swap --budget-order arrival --scheduling-policy priority "
     "--kv-policy orca-max --no-prefix-caching --no-async-scheduling "
     "--grammar-compile-timeout 3.5 --grammar-cache-mb 12.5 --max-pending-grammars 4 "
@@ -64,7 +63,6 @@ def test_every_flag_reaches_its_field_in_its_unit():
     assert config.sim.kv_cache_bytes == int(2.5 * GiB) and config.sim.step_overhead_s == 3 / 1e3
     assert not config.scheduler.enable_chunked_prefill and not config.scheduler.async_scheduling
     assert config.scheduler.scheduling_policy == "priority" and config.executor == "sim"
-    assert config.scheduler.context_read_rows == 2.5
     assert config.parallel == dataclasses.replace(
         config.parallel, tensor_parallel_size=2, master_addr="10.0.0.1", master_port=29500
     )
