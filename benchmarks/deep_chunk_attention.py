@@ -4,8 +4,10 @@ pays once for reading the context, and the part each of its rows adds.
 Times kernels.reference.paged_attention on one mirrored span (the path a deep chunk takes,
 services/executor/context_mirror.py) for every layer of the model's shapes, over a grid of
 query rows r and context lengths c, and fits t = c * (read + row * r) by least squares. The
-ratio read / row is how many rows' worth of attention reading the context costs:
-ExecutorReady.context_read_rows, which the scheduler adds to each deep chunk's price.
+ratio read / row is how many rows' worth of attention reading the context costs. At 7,800
+tokens the read alone costs a chunk of one row more than a decode step of the model at batch 1:
+the floor under the gaps of streams beside a long prompt, which no smaller chunk lowers (pricing
+it into the chunks was measured and reverted, docs/benchmarks.md).
 
     .venv/bin/python benchmarks/deep_chunk_attention.py \\
         --json benchmarks/results/deep_chunk_attention.json
