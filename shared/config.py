@@ -312,8 +312,10 @@ class GrammarConfig:
 
     compile_timeout_s: float = flag(
         10.0, "--grammar-compile-timeout",
-        "seconds a grammar may take to compile; past it the request ends with a 400 and "
-        "the compile worker is killed (compiles run beside the running streams, never in a step)",
+        "seconds a grammar may take to compile, and to wait for other compiles before its own "
+        "starts: a compile past it ends the request with a 400 and the compile worker is "
+        "killed, a wait past it with a 429 (compiles run beside the running streams, never "
+        "in a step)",
     )  # fmt: skip
     # Compiled grammars kept for reuse (xgrammar's own accounting).
     cache_bytes: int = flag(

@@ -263,7 +263,8 @@ class ForgetGrammars:
 class GrammarCompiled:
     """Executor -> scheduler: CompileGrammar `key` is done; error is None when the grammar is
     ready, else why it is not: error_type "invalid_request_error" for the spec's own fault (it
-    is invalid, or its compile ran past the time limit), "service_unavailable_error" for the
+    is invalid, or its compile ran past the time limit), "rate_limit_error" when it waited
+    behind other compiles past the limit (retry later), "service_unavailable_error" for the
     server's (the compiler did not start, crashed, or failed inside)."""
 
     key: int

@@ -12,6 +12,7 @@ import ctypes
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from services.executor.grammar import GrammarStore
@@ -25,6 +26,7 @@ from shared.cpu_priority import run_when_idle
 from shared.protocol import CompileGrammar, GrammarCompiled
 
 UNAVAILABLE = "service_unavailable_error"  # the server failed, not the spec: a 503
+QUEUED_TOO_LONG = "rate_limit_error"  # others' compiles ran first: a 429, retry later
 
 log = logging.getLogger("pagedserve.executor")
 
@@ -39,7 +41,10 @@ class GrammarCompiles:
         self.store = store
         self.timeout_s = timeout_s
         self._answer = answer  # called on this thread only (its own socket: zmq's rule)
-        self._queue: queue.Queue[CompileGrammar | None] = queue.Queue()
+        # Each request with when it came: one still queued behind other compiles when its time
+        # limit since then has passed is answered at once (429) instead of starting a compile
+        # that may run the limit again; a compile itself is timed from its start.
+        self._queue: queue.Queue[tuple[CompileGrammar, float] | None] = queue.Queue()
         self._closing = threading.Event()
         self.compiling = threading.Event()  # set while the worker runs a compile (for tests)
         self.worker: CompileWorker | None = None
@@ -49,7 +54,7 @@ class GrammarCompiles:
     def submit(self, request: CompileGrammar) -> None:
         """From the step loop: never blocks."""
         self.store.expect(request.key, request.seq_ids)
-        self._queue.put(request)
+        self._queue.put((request, time.monotonic()))
 
     def forget(self, seq_ids: list[int]) -> None:
         """From the step loop: these sequences' requests ended while waiting for their grammar.
@@ -76,9 +81,10 @@ class GrammarCompiles:
         # enum): on time the steps leave over, like the worker's compile.
         run_when_idle(thread=True)
         try:
-            while (request := self._queue.get()) is not None:
+            while (item := self._queue.get()) is not None:
+                request, submitted = item
                 try:
-                    self._serve(request)
+                    self._serve(request, submitted + self.timeout_s)
                 except Exception as exc:  # noqa: BLE001 - one failure must not stop others
                     log.exception("grammar compile %d failed", request.key)
                     self.store.hold(request.key, request.seq_ids, None)
@@ -88,12 +94,17 @@ class GrammarCompiles:
             if self.worker is not None:
                 self.worker.close()
 
-    def _serve(self, request: CompileGrammar) -> None:
+    def _serve(self, request: CompileGrammar, deadline: float) -> None:
         key, seq_ids = request.key, request.seq_ids
         if not self.store.wanted(key, seq_ids):
             return  # every sequence asking for it was freed meanwhile: nobody waits for it
         guided = (request.kind, request.spec)
         compiled = self.store.lookup(guided)
+        if compiled is None and time.monotonic() >= deadline:
+            self.store.hold(key, seq_ids, None)
+            message = _queued_too_long(request.kind, self.timeout_s)
+            self._answer(GrammarCompiled(key, message, QUEUED_TOO_LONG))
+            return
         if compiled is None:
             import xgrammar
 
@@ -126,6 +137,13 @@ class GrammarCompiles:
             _give_back_memory()
         self.store.hold(key, seq_ids, compiled)
         self._answer(GrammarCompiled(key))
+
+
+def _queued_too_long(kind: str, timeout_s: float) -> str:
+    return (
+        f"the {kind} constraint waited for other grammars' compiles past this server's limit of "
+        f"{timeout_s:g} s (--grammar-compile-timeout); retry later"
+    )
 
 
 def _give_back_memory() -> None:

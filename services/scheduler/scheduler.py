@@ -62,6 +62,12 @@ class GroupUpdate:
     error: dict | None = None  # the OpenAI error object of a request ended by an error
 
 
+# What a grammar compile's answer may end its request with, by its error_type.
+_GRAMMAR_ERRORS: dict[str, type[PagedServeError]] = {
+    cls.error_type: cls for cls in (InvalidRequestError, RateLimitError, ServiceUnavailableError)
+}
+
+
 class Scheduler:
     def __init__(
         self,
@@ -173,14 +179,14 @@ class Scheduler:
         self, key: int, error: str | None, error_type: str = InvalidRequestError.error_type
     ) -> GroupUpdate | None:
         """The executor's answer: the request joins the waiting queue in policy order, or ends
-        alone with an invalid_request_error (its spec's fault) or a service_unavailable_error
-        (the compiler's). None for an answer nobody waits for any more."""
+        alone with an invalid_request_error (its spec's fault), a rate_limit_error (it waited
+        behind other compiles past the limit) or a service_unavailable_error (the compiler's).
+        None for an answer nobody waits for any more."""
         group = self.grammar_waits.answered(key)
         if group is None:
             return None
         if error is not None:
-            server_side = error_type == ServiceUnavailableError.error_type
-            failed = ServiceUnavailableError if server_side else InvalidRequestError
+            failed = _GRAMMAR_ERRORS.get(error_type, InvalidRequestError)
             return self._end_with_error(group, failed(error, param="guided"))
         self.policy.enqueue(self.waiting, group)
         return None

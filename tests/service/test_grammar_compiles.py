@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -74,6 +75,15 @@ def test_a_grammar_held_for_a_freed_sequence_is_dropped(tiny_model_dir) -> None:
         store.matcher(8, enum_schema(2))
 
 
+def eventually_true(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
     tiny_model_dir,
 ) -> None:
@@ -91,7 +101,8 @@ def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
         slow = enum_schema(3, num_values=20000)  # ~4 s on one core for the tiny vocabulary
         small = ("regex", "[a-z]{1,5}")
         compiles.submit(CompileGrammar(1, *slow, [10]))
-        compiles.submit(CompileGrammar(2, *small, [11]))
+        assert eventually_true(lambda: answers, 300)
+        compiles.submit(CompileGrammar(2, *small, [11]))  # after: its limit counts from now
         assert two.wait(300)
         timed_out, ok = answers
         assert timed_out.key == 1 and "--grammar-compile-timeout" in timed_out.error
@@ -99,6 +110,35 @@ def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
         assert compiles.worker.num_killed == 1 and compiles.worker.num_started == 2
         assert store.matcher(11, small) is not None
         assert store.lookup(slow) is None and store.num_held == 0
+    finally:
+        compiles.close()
+
+
+def test_a_grammar_queued_behind_others_past_its_limit_is_a_429_without_a_compile(
+    tiny_model_dir,
+) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
+    answers: list[GrammarCompiled] = []
+    two = threading.Event()
+
+    def answer(message: GrammarCompiled) -> None:
+        answers.append(message)
+        if len(answers) == 2:
+            two.set()
+
+    compiles = GrammarCompiles(store, timeout_s=1.0, answer=answer)
+    try:
+        slow = enum_schema(5, num_values=20000)  # ~4 s: past the limit
+        small = ("regex", "[a-z]{1,4}")  # would compile in a moment, but waits behind it
+        compiles.submit(CompileGrammar(1, *slow, [30]))
+        compiles.submit(CompileGrammar(2, *small, [31]))
+        assert two.wait(300)
+        timed_out, queued = answers
+        assert timed_out.key == 1 and timed_out.error_type == "invalid_request_error"
+        assert queued.key == 2 and queued.error_type == "rate_limit_error"
+        assert "waited for other grammars" in queued.error
+        assert compiles.worker.num_started == 1  # none started again for the queued one
+        assert store.lookup(small) is None and store.num_held == 0
     finally:
         compiles.close()
 

@@ -95,6 +95,18 @@ def test_a_compile_error_ends_that_request_alone_with_an_invalid_request_error()
     assert scheduler.grammar_compiled(request.key, None) is None
 
 
+@pytest.mark.parametrize(
+    "error_type", ["rate_limit_error", "service_unavailable_error", "invalid_request_error"]
+)
+def test_a_compile_answer_ends_its_request_with_the_error_type_it_names(error_type):
+    # rate_limit_error (429): it waited behind other compiles past the limit; retry later.
+    scheduler = make_scheduler()
+    scheduler.add_request("guided", [3, 4, 5], GUIDED)
+    [request] = scheduler.take_compile_requests()
+    update = scheduler.grammar_compiled(request.key, "why", error_type)
+    assert update.finished and update.error["type"] == error_type
+
+
 def test_a_compile_not_answered_in_time_ends_that_request_alone_with_a_503() -> None:
     clock = Clock()
     scheduler = make_scheduler(clock)
