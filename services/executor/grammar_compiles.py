@@ -2,8 +2,10 @@
 compiled on the worker process, keeps it in the GrammarStore and answers GrammarCompiled.
 
 The step loop only hands requests over (a queue put), so no step ever waits for a compile. The
-thread waits on the worker's pipe and in xgrammar's deserialisation, which release the GIL
-(measured: the step loop's thread is never held up more than ~60 ms, with a 200 MB grammar).
+thread waits on the worker's pipe and for xgrammar's deserialisation on the loader thread, which
+release the GIL (measured: the step loop's thread is never held up more than ~60 ms, with a 200
+MB grammar). Every request is answered within its limit of its arrival, or about that: a 429
+if it waited behind other compiles or for the worker's start, a 400 if its compile ran out.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from services.executor.grammar import GrammarStore
 from services.executor.grammar_worker import (
     CompileCancelled,
     CompileFailed,
+    CompilerStarting,
     CompilerUnavailable,
     CompileWorker,
 )
@@ -48,6 +52,12 @@ class GrammarCompiles:
         self._closing = threading.Event()
         self.compiling = threading.Event()  # set while the worker runs a compile (for tests)
         self.worker: CompileWorker | None = None
+        # Loading a compiled grammar is seconds of CPU for a big one (1.9 s for a 15,000-value
+        # enum): on time the steps leave over, on a thread of its own. The compile thread
+        # itself only waits and keeps time, at normal priority: under SCHED_IDLE on a busy
+        # machine it could not even notice a deadline (a request waited 130 s for a 100 s limit).
+        self.loader_thread_id: int | None = None
+        self._loader = ThreadPoolExecutor(1, "grammar-load", initializer=self._loader_starts)
         self._thread = threading.Thread(target=self._run, name="grammar-compiles", daemon=True)
         self._thread.start()
 
@@ -69,6 +79,11 @@ class GrammarCompiles:
         self._closing.set()
         self._queue.put(None)
         self._thread.join(timeout=5.0)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    def _loader_starts(self) -> None:
+        run_when_idle(thread=True)
+        self.loader_thread_id = threading.get_native_id()
 
     def _run(self) -> None:
         try:
@@ -77,9 +92,6 @@ class GrammarCompiles:
             self.store.tokenizer_info()
         except Exception:  # noqa: BLE001 - the first compile tries again and reports it
             log.exception("could not build the tokenizer info for grammars")
-        # Loading a compiled grammar is seconds of CPU for a big one (1.9 s for a 15,000-value
-        # enum): on time the steps leave over, like the worker's compile.
-        run_when_idle(thread=True)
         try:
             while (item := self._queue.get()) is not None:
                 request, submitted = item
@@ -119,7 +131,16 @@ class GrammarCompiles:
                     # Every request for it aborted: stop it, its core is the steps' again.
                     cancelled=lambda: self._closing.is_set() or not self.store.wanted(key, seq_ids),
                     running=self.compiling,
+                    deadline=deadline,
                 )
+            except CompilerStarting:
+                self.store.hold(key, seq_ids, None)
+                message = (
+                    f"the grammar compiler was still starting when this server's limit of "
+                    f"{self.timeout_s:g} s (--grammar-compile-timeout) passed; retry later"
+                )
+                self._answer(GrammarCompiled(key, message, QUEUED_TOO_LONG))
+                return
             except CompileCancelled:
                 self.store.hold(key, seq_ids, None)
                 return
@@ -131,8 +152,9 @@ class GrammarCompiles:
                 self.store.hold(key, seq_ids, None)
                 self._answer(GrammarCompiled(key, str(exc)))
                 return
-            compiled = xgrammar.CompiledGrammar.deserialize_json(payload, info)
+            load = self._loader.submit(xgrammar.CompiledGrammar.deserialize_json, payload, info)
             del payload
+            compiled = load.result()
             self.store.insert(guided, compiled)
             _give_back_memory()
         self.store.hold(key, seq_ids, compiled)

@@ -43,6 +43,11 @@ class CompilerUnavailable(CompileFailed):
     """The server's fault, not the spec's: the worker did not start, or crashed mid-compile."""
 
 
+class CompilerStarting(Exception):
+    """The worker is still starting (under SCHED_IDLE that takes long on a busy machine) and the
+    request's time ran out first; it keeps starting for the requests after."""
+
+
 class CompileCancelled(Exception):
     """Every request waiting for the compile went away: the worker was killed mid-compile."""
 
@@ -53,6 +58,8 @@ class CompileWorker:
     def __init__(self, tokenizer_info_json: str) -> None:
         self._info_json = tokenizer_info_json
         self._proc: subprocess.Popen | None = None
+        self._ready = False  # its "ready" frame was read
+        self._started_at = 0.0
         self.num_started = 0
         self.num_killed = 0  # for overrunning their time
         self.num_cancelled = 0  # killed mid-compile: nobody waited for it any more
@@ -64,12 +71,15 @@ class CompileWorker:
         timeout_s: float,
         cancelled: Callable[[], bool] = bool,
         running: threading.Event | None = None,
+        deadline: float | None = None,  # monotonic: the request's own limit, start-up included
     ) -> str:
         """The compiled grammar as xgrammar's JSON (CompiledGrammar.serialize_json); `running`
-        is set while the worker has it."""
-        proc = self._start()
+        is set while the worker has it. The compile gets timeout_s from its start, and no
+        more than `deadline` allows; CompilerStarting if the worker is not up by then."""
+        proc = self._start(deadline)
         running = running or threading.Event()
         started = time.monotonic()
+        end = started + timeout_s if deadline is None else min(started + timeout_s, deadline)
 
         def given_up() -> bool:
             return time.monotonic() - started >= CANCEL_AFTER_S and cancelled()
@@ -77,7 +87,7 @@ class CompileWorker:
         try:
             _write(proc.stdin, [kind, spec])
             running.set()
-            reply = _read(proc.stdout, started + timeout_s, given_up)
+            reply = _read(proc.stdout, end, given_up)
         except CompileCancelled:
             self.num_cancelled += 1
             self.close()
@@ -112,24 +122,51 @@ class CompileWorker:
             for pipe in (self._proc.stdin, self._proc.stdout):
                 pipe.close()
             self._proc = None
+            self._ready = False
 
-    def _start(self) -> subprocess.Popen:
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
+    def _start(self, deadline: float | None = None) -> subprocess.Popen:
+        """The worker, started if need be and waited for until it is ready or `deadline`."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._spawn()
+        proc = self._proc
+        if not self._ready:
+            give_up = self._started_at + STARTUP_TIMEOUT_S
+            try:
+                _read(proc.stdout, give_up if deadline is None else min(give_up, deadline))
+            except TimeoutError:
+                if deadline is not None and deadline < give_up:
+                    raise CompilerStarting from None
+                self.close()
+                raise CompilerUnavailable("the grammar compiler did not start in time") from None
+            except (OSError, EOFError, ValueError) as exc:
+                self.close()
+                raise CompilerUnavailable(f"the grammar compiler did not start: {exc!r}") from None
+            self._ready = True
+        return proc
+
+    def _spawn(self) -> None:
         self.close()
         # It is killed with the executor (PR_SET_PDEATHSIG), and exits when its stdin closes.
         argv = [sys.executable, "-m", "services.executor.grammar_worker"]
         argv += ["--parent-pid", str(os.getpid())]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._proc = proc
+        self._started_at = time.monotonic()
         self.num_started += 1
-        try:
-            _write(proc.stdin, self._info_json)
-            _read(proc.stdout, time.monotonic() + STARTUP_TIMEOUT_S)  # "ready"
-        except (OSError, EOFError, ValueError, TimeoutError) as exc:
-            self.close()
-            raise CompilerUnavailable(f"the grammar compiler did not start: {exc!r}") from None
-        return proc
+        # The tokenizer info fills the pipe until the worker, done importing, reads it: written
+        # from a thread of its own, so that waiting for "ready" keeps to the request's deadline.
+        # Nothing else is written before "ready", which comes after the worker read it all.
+        threading.Thread(
+            target=_write_quietly, args=(proc.stdin, self._info_json), daemon=True
+        ).start()
+
+
+def _write_quietly(pipe: BinaryIO, value: Any) -> None:
+    """_write, for a worker that may be killed meanwhile: then its "ready" never comes."""
+    try:
+        _write(pipe, value)
+    except (OSError, ValueError):
+        pass
 
 
 def _write(pipe: BinaryIO, value: Any) -> None:

@@ -84,6 +84,18 @@ def eventually_true(condition, timeout_s: float) -> bool:
     return True
 
 
+def warm_up(compiles: GrammarCompiles) -> None:
+    """The worker started (its start counts against a request's limit) and its compile
+    answered, whatever that answer; the compiles' own answers are then the test's alone."""
+    limit, compiles.timeout_s = compiles.timeout_s, 300.0
+    done = threading.Event()
+    answer, compiles._answer = compiles._answer, lambda message: done.set()
+    compiles.submit(CompileGrammar(0, "regex", "[x]", [0]))
+    assert done.wait(300)
+    compiles.forget([0])  # its grammar is held for nobody
+    compiles.timeout_s, compiles._answer = limit, answer
+
+
 def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
     tiny_model_dir,
 ) -> None:
@@ -98,11 +110,13 @@ def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
 
     compiles = GrammarCompiles(store, timeout_s=1.0, answer=answer)
     try:
+        warm_up(compiles)
         slow = enum_schema(3, num_values=20000)  # ~4 s on one core for the tiny vocabulary
         small = ("regex", "[a-z]{1,5}")
         compiles.submit(CompileGrammar(1, *slow, [10]))
         assert eventually_true(lambda: answers, 300)
-        compiles.submit(CompileGrammar(2, *small, [11]))  # after: its limit counts from now
+        compiles.timeout_s = 300.0  # time for the new worker's start, which the kill costs
+        compiles.submit(CompileGrammar(2, *small, [11]))
         assert two.wait(300)
         timed_out, ok = answers
         assert timed_out.key == 1 and "--grammar-compile-timeout" in timed_out.error
@@ -128,6 +142,7 @@ def test_a_grammar_queued_behind_others_past_its_limit_is_a_429_without_a_compil
 
     compiles = GrammarCompiles(store, timeout_s=1.0, answer=answer)
     try:
+        warm_up(compiles)
         slow = enum_schema(5, num_values=20000)  # ~4 s: past the limit
         small = ("regex", "[a-z]{1,4}")  # would compile in a moment, but waits behind it
         compiles.submit(CompileGrammar(1, *slow, [30]))
@@ -139,6 +154,25 @@ def test_a_grammar_queued_behind_others_past_its_limit_is_a_429_without_a_compil
         assert "waited for other grammars" in queued.error
         assert compiles.worker.num_started == 1  # none started again for the queued one
         assert store.lookup(small) is None and store.num_held == 0
+    finally:
+        compiles.close()
+
+
+def test_a_request_whose_limit_passes_while_the_worker_starts_is_a_429(tiny_model_dir) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
+    answers: list[GrammarCompiled] = []
+    compiles = GrammarCompiles(store, timeout_s=0.01, answer=answers.append)
+    try:
+        small = ("regex", "[a-c]{1,3}")
+        compiles.submit(CompileGrammar(1, *small, [40]))  # the worker takes ~1 s to start
+        assert eventually_true(lambda: answers, 300)
+        [starting] = answers
+        assert starting.error_type == "rate_limit_error" and "still starting" in starting.error
+        compiles.timeout_s = 300.0  # the next request has time: the same worker, now up
+        compiles.submit(CompileGrammar(2, *small, [41]))
+        assert eventually_true(lambda: len(answers) == 2, 300)
+        assert answers[1] == GrammarCompiled(2)
+        assert compiles.worker.num_started == 1
     finally:
         compiles.close()
 
@@ -180,7 +214,9 @@ def test_compiles_and_their_loading_run_only_on_cpu_time_the_steps_leave(tiny_mo
         compiles.submit(CompileGrammar(1, "regex", "[a-z]{1,5}", [10]))
         assert done.wait(300)
         assert os.sched_getscheduler(compiles.worker.pid) == os.SCHED_IDLE
-        assert os.sched_getscheduler(compiles._thread.native_id) == os.SCHED_IDLE
+        assert os.sched_getscheduler(compiles.loader_thread_id) == os.SCHED_IDLE
+        # The compile thread only waits and keeps the deadlines: starved, it could not.
+        assert os.sched_getscheduler(compiles._thread.native_id) != os.SCHED_IDLE
         assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the step loop's thread is not
     finally:
         compiles.close()
