@@ -89,9 +89,14 @@ class GrammarCompiles:
         try:
             # Built now, at start-up: it is about a second of Python (the GIL held against the
             # step loop), which the first grammar request would otherwise cost every stream.
-            self.store.tokenizer_info()
+            info = self.store.tokenizer_info()
+            # And the worker started now, while the executor loads: started by a first grammar
+            # request on a machine kept busy by streams, under SCHED_IDLE it had used under a
+            # second of CPU after 128 s, still importing, and the request got a 429.
+            self.worker = CompileWorker(info.serialize_json())
+            self.worker.start_soon()
         except Exception:  # noqa: BLE001 - the first compile tries again and reports it
-            log.exception("could not build the tokenizer info for grammars")
+            log.exception("could not prepare the grammar compiler")
         try:
             while (item := self._queue.get()) is not None:
                 request, submitted = item

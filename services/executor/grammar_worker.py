@@ -124,10 +124,14 @@ class CompileWorker:
             self._proc = None
             self._ready = False
 
-    def _start(self, deadline: float | None = None) -> subprocess.Popen:
-        """The worker, started if need be and waited for until it is ready or `deadline`."""
+    def start_soon(self) -> None:
+        """Spawn the worker now without waiting for it: the next compile finds it up."""
         if self._proc is None or self._proc.poll() is not None:
             self._spawn()
+
+    def _start(self, deadline: float | None = None) -> subprocess.Popen:
+        """The worker, started if need be and waited for until it is ready or `deadline`."""
+        self.start_soon()
         proc = self._proc
         if not self._ready:
             give_up = self._started_at + STARTUP_TIMEOUT_S

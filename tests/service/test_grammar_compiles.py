@@ -161,10 +161,13 @@ def test_a_grammar_queued_behind_others_past_its_limit_is_a_429_without_a_compil
 def test_a_request_whose_limit_passes_while_the_worker_starts_is_a_429(tiny_model_dir) -> None:
     store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
     answers: list[GrammarCompiled] = []
-    compiles = GrammarCompiles(store, timeout_s=0.01, answer=answers.append)
+    compiles = GrammarCompiles(store, timeout_s=300.0, answer=answers.append)
     try:
+        assert eventually_true(lambda: compiles.worker is not None, 300)  # spawned at start-up
+        compiles.worker.close()  # as after a kill: the next compile starts another
+        compiles.timeout_s = 0.3  # taken from the queue at once, but a start takes ~1 s
         small = ("regex", "[a-c]{1,3}")
-        compiles.submit(CompileGrammar(1, *small, [40]))  # the worker takes ~1 s to start
+        compiles.submit(CompileGrammar(1, *small, [40]))
         assert eventually_true(lambda: answers, 300)
         [starting] = answers
         assert starting.error_type == "rate_limit_error" and "still starting" in starting.error
@@ -172,7 +175,7 @@ def test_a_request_whose_limit_passes_while_the_worker_starts_is_a_429(tiny_mode
         compiles.submit(CompileGrammar(2, *small, [41]))
         assert eventually_true(lambda: len(answers) == 2, 300)
         assert answers[1] == GrammarCompiled(2)
-        assert compiles.worker.num_started == 1
+        assert compiles.worker.num_started == 2  # at start-up, then once for both requests
     finally:
         compiles.close()
 
