@@ -90,11 +90,11 @@ class GrammarCompiles:
             # Built now, at start-up: it is about a second of Python (the GIL held against the
             # step loop), which the first grammar request would otherwise cost every stream.
             info = self.store.tokenizer_info()
-            # And the worker started now, while the executor loads: started by a first grammar
-            # request on a machine kept busy by streams, under SCHED_IDLE it had used under a
-            # second of CPU after 128 s, still importing, and the request got a 429.
+            # And the worker started now, importing at normal priority while no stream runs:
+            # started by a first grammar request on a machine kept busy by streams, under
+            # SCHED_IDLE it had used under a second of CPU after 128 s, still importing.
             self.worker = CompileWorker(info.serialize_json())
-            self.worker.start_soon()
+            self.worker.start_soon(imports_first=True)
         except Exception:  # noqa: BLE001 - the first compile tries again and reports it
             log.exception("could not prepare the grammar compiler")
         try:

@@ -124,10 +124,14 @@ class CompileWorker:
             self._proc = None
             self._ready = False
 
-    def start_soon(self) -> None:
-        """Spawn the worker now without waiting for it: the next compile finds it up."""
+    def start_soon(self, imports_first: bool = False) -> None:
+        """Spawn the worker now without waiting for it: the next compile finds it up. With
+        `imports_first` it imports at the spawner's priority, then goes to SCHED_IDLE: for the
+        start with the executor, when no stream runs yet (under SCHED_IDLE on a machine kept
+        busy by streams its imports took minutes). A worker started again after a kill always
+        starts idle: those restarts are what an overlong grammar can make happen."""
         if self._proc is None or self._proc.poll() is not None:
-            self._spawn()
+            self._spawn(imports_first)
 
     def _start(self, deadline: float | None = None) -> subprocess.Popen:
         """The worker, started if need be and waited for until it is ready or `deadline`."""
@@ -148,11 +152,12 @@ class CompileWorker:
             self._ready = True
         return proc
 
-    def _spawn(self) -> None:
+    def _spawn(self, imports_first: bool = False) -> None:
         self.close()
         # It is killed with the executor (PR_SET_PDEATHSIG), and exits when its stdin closes.
         argv = [sys.executable, "-m", "services.executor.grammar_worker"]
         argv += ["--parent-pid", str(os.getpid())]
+        argv += ["--imports-first"] if imports_first else []
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._proc = proc
         self._started_at = time.monotonic()
@@ -238,8 +243,13 @@ def _die_with_parent(parent: int | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.executor.grammar_worker")
     parser.add_argument("--parent-pid", type=int, default=None, help="the executor's pid")
-    _die_with_parent(parser.parse_args(argv).parent_pid)
-    run_when_idle()  # a compile never takes a core from the steps
+    parser.add_argument(
+        "--imports-first", action="store_true", help="import, then go to SCHED_IDLE"
+    )
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent_pid)
+    if not args.imports_first:
+        run_when_idle()  # a compile never takes a core from the steps
     # Frames go to the pipe stdout was; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -247,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     import xgrammar
 
     from services.executor.grammar_spec import compile_guided
+
+    run_when_idle()  # imported: from here on only on CPU time the steps leave
 
     info = xgrammar.TokenizerInfo.deserialize_json(_read(source))
     # No cache here: the executor keeps what it deserialized (its LRU), this process only builds.

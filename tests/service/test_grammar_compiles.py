@@ -164,6 +164,8 @@ def test_a_request_whose_limit_passes_while_the_worker_starts_is_a_429(tiny_mode
     compiles = GrammarCompiles(store, timeout_s=300.0, answer=answers.append)
     try:
         assert eventually_true(lambda: compiles.worker is not None, 300)  # spawned at start-up
+        # That one imports at normal priority (no stream runs yet), then goes idle.
+        assert "--imports-first" in compiles.worker._proc.args
         compiles.worker.close()  # as after a kill: the next compile starts another
         compiles.timeout_s = 0.3  # taken from the queue at once, but a start takes ~1 s
         small = ("regex", "[a-c]{1,3}")
@@ -176,6 +178,7 @@ def test_a_request_whose_limit_passes_while_the_worker_starts_is_a_429(tiny_mode
         assert eventually_true(lambda: len(answers) == 2, 300)
         assert answers[1] == GrammarCompiled(2)
         assert compiles.worker.num_started == 2  # at start-up, then once for both requests
+        assert "--imports-first" not in compiles.worker._proc.args  # a restart starts idle
     finally:
         compiles.close()
 
