@@ -84,40 +84,34 @@ def eventually_true(condition, timeout_s: float) -> bool:
     return True
 
 
-def warm_up(compiles: GrammarCompiles) -> None:
-    """The worker started (its start counts against a request's limit) and its compile
-    answered, whatever that answer; the compiles' own answers are then the test's alone."""
-    limit, compiles.timeout_s = compiles.timeout_s, 300.0
-    done = threading.Event()
-    answer, compiles._answer = compiles._answer, lambda message: done.set()
+def warmed_up(
+    store: GrammarStore, timeout_s: float
+) -> tuple[GrammarCompiles, list[GrammarCompiled]]:
+    """Compiles whose worker is up and has answered once (its start counts against a
+    request's limit), with `timeout_s` from then on, and the list its answers go to."""
+    answers: list[GrammarCompiled] = []
+    compiles = GrammarCompiles(store, timeout_s=300.0, answer=answers.append)
     compiles.submit(CompileGrammar(0, "regex", "[x]", [0]))
-    assert done.wait(300)
+    assert eventually_true(lambda: answers, 300)
     compiles.forget([0])  # its grammar is held for nobody
-    compiles.timeout_s, compiles._answer = limit, answer
+    answers.clear()
+    compiles.timeout_s = timeout_s
+    return compiles, answers
 
 
 def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
     tiny_model_dir,
 ) -> None:
     store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
-    answers: list[GrammarCompiled] = []
-    two = threading.Event()
-
-    def answer(message: GrammarCompiled) -> None:
-        answers.append(message)
-        if len(answers) == 2:
-            two.set()
-
-    compiles = GrammarCompiles(store, timeout_s=1.0, answer=answer)
+    compiles, answers = warmed_up(store, timeout_s=1.0)
     try:
-        warm_up(compiles)
         slow = enum_schema(3, num_values=20000)  # ~4 s on one core for the tiny vocabulary
         small = ("regex", "[a-z]{1,5}")
         compiles.submit(CompileGrammar(1, *slow, [10]))
         assert eventually_true(lambda: answers, 300)
         compiles.timeout_s = 300.0  # time for the new worker's start, which the kill costs
         compiles.submit(CompileGrammar(2, *small, [11]))
-        assert two.wait(300)
+        assert eventually_true(lambda: len(answers) == 2, 300)
         timed_out, ok = answers
         assert timed_out.key == 1 and "--grammar-compile-timeout" in timed_out.error
         assert ok == GrammarCompiled(2)
@@ -132,22 +126,13 @@ def test_a_grammar_queued_behind_others_past_its_limit_is_a_429_without_a_compil
     tiny_model_dir,
 ) -> None:
     store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
-    answers: list[GrammarCompiled] = []
-    two = threading.Event()
-
-    def answer(message: GrammarCompiled) -> None:
-        answers.append(message)
-        if len(answers) == 2:
-            two.set()
-
-    compiles = GrammarCompiles(store, timeout_s=1.0, answer=answer)
+    compiles, answers = warmed_up(store, timeout_s=1.0)
     try:
-        warm_up(compiles)
         slow = enum_schema(5, num_values=20000)  # ~4 s: past the limit
         small = ("regex", "[a-z]{1,4}")  # would compile in a moment, but waits behind it
         compiles.submit(CompileGrammar(1, *slow, [30]))
         compiles.submit(CompileGrammar(2, *small, [31]))
-        assert two.wait(300)
+        assert eventually_true(lambda: len(answers) == 2, 300)
         timed_out, queued = answers
         assert timed_out.key == 1 and timed_out.error_type == "invalid_request_error"
         assert queued.key == 2 and queued.error_type == "rate_limit_error"
