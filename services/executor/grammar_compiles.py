@@ -92,7 +92,8 @@ class GrammarCompiles:
             info = self.store.tokenizer_info()
             # And the worker started now, importing at normal priority while no stream runs:
             # started by a first grammar request on a machine kept busy by streams, under
-            # SCHED_IDLE it had used under a second of CPU after 128 s, still importing.
+            # SCHED_IDLE it had barely run and was still importing when the request's limit
+            # (100 s) had long passed.
             self.worker = CompileWorker(info.serialize_json())
             self.worker.start_soon(imports_first=True)
         except Exception:  # noqa: BLE001 - the first compile tries again and reports it

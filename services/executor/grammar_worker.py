@@ -126,7 +126,7 @@ class CompileWorker:
 
     def start_soon(self, imports_first: bool = False) -> None:
         """Spawn the worker now without waiting for it: the next compile finds it up. With
-        `imports_first` it imports at the spawner's priority, then goes to SCHED_IDLE: for the
+        `imports_first` it starts up at the spawner's priority, then goes to SCHED_IDLE: for the
         start with the executor, when no stream runs yet (under SCHED_IDLE on a machine kept
         busy by streams its imports took minutes). A worker started again after a kill always
         starts idle: those restarts are what an overlong grammar can make happen."""
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.executor.grammar_worker")
     parser.add_argument("--parent-pid", type=int, default=None, help="the executor's pid")
     parser.add_argument(
-        "--imports-first", action="store_true", help="import, then go to SCHED_IDLE"
+        "--imports-first", action="store_true", help="start up, then go to SCHED_IDLE"
     )
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
@@ -258,12 +258,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.executor.grammar_spec import compile_guided
 
-    run_when_idle()  # imported: from here on only on CPU time the steps leave
-
     info = xgrammar.TokenizerInfo.deserialize_json(_read(source))
     # No cache here: the executor keeps what it deserialized (its LRU), this process only builds.
     compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     _write(out, "ready")
+    run_when_idle()  # ready: from here on only on CPU time the steps leave
     while True:
         try:
             kind, spec = _read(source)
