@@ -103,6 +103,12 @@ CASES = [
          "steps.decode batch=2.new_over_old"),
     ),
     Case(
+        "deep_chunk_attention",
+        lambda m, out: ["--model", str(m), "--rows", "1,2", "--contexts", "32,64",
+                        "--repeats", "1", "--threads", "1", "--json", str(out)],
+        ("points.3.seconds", "read_s_per_context_token", "context_read_rows"),
+    ),
+    Case(
         "kv_state_cost",
         lambda m, out: ["--blocks", "64", "--num-requests", "8", "--repeats", "1",
                         "--json", str(out)],
