@@ -231,10 +231,16 @@ def _problems(row: Row, out: dict) -> list[str]:
         problems.append("not refused")
     if any(r.get("openai_error") is False and r["status"] for r in out["requests"]):
         problems.append("error body not OpenAI's")
-    matched = "matched_idle" in out  # then the goal is held against the matched idle probes
-    for key, what in (("gap_x_idle", "gap"), ("first_token_x_idle", "first token")):
-        if matched:
-            key = f"longest_{key.removesuffix('_idle')}_matched_idle"
+    # With matched idle probes the goal is held against them.
+    ratios = (
+        (
+            ("longest_gap_x_matched_idle", "gap"),
+            ("longest_first_token_x_matched_idle", "first token"),
+        )
+        if "matched_idle" in out
+        else (("gap_x_idle", "gap"), ("first_token_x_idle", "first token"))
+    )
+    for key, what in ratios:
         ratio = out["probe"][key]
         if ratio is not None and ratio > GOAL_RATIO:
             problems.append(f"probe {what} {ratio}x idle")

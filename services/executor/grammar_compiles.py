@@ -118,60 +118,67 @@ class GrammarCompiles:
             return  # every sequence asking for it was freed meanwhile: nobody waits for it
         guided = (request.kind, request.spec)
         compiled = self.store.lookup(guided)
-        if compiled is None and time.monotonic() >= deadline:
-            self.store.hold(key, seq_ids, None)
-            message = _queued_too_long(request.kind, self.timeout_s)
-            self._answer(GrammarCompiled(key, message, QUEUED_TOO_LONG))
-            return
         if compiled is None:
-            import xgrammar
-
-            info = self.store.tokenizer_info()
-            if self.worker is None:
-                self.worker = CompileWorker(info.serialize_json())
             try:
-                payload = self.worker.compile(
-                    request.kind,
-                    request.spec,
-                    self.timeout_s,
-                    # Every request for it aborted: stop it, its core is the steps' again.
-                    cancelled=lambda: self._closing.is_set() or not self.store.wanted(key, seq_ids),
-                    running=self.compiling,
-                    deadline=deadline,
-                )
-            except CompilerStarting:
+                compiled = self._compile(request, deadline)
+            except _NotCompiled as refused:
                 self.store.hold(key, seq_ids, None)
-                message = (
-                    f"the grammar compiler was still starting when this server's limit of "
-                    f"{self.timeout_s:g} s (--grammar-compile-timeout) passed; retry later"
-                )
-                self._answer(GrammarCompiled(key, message, QUEUED_TOO_LONG))
+                if refused.answer is not None:
+                    self._answer(refused.answer)
                 return
-            except CompileCancelled:
-                self.store.hold(key, seq_ids, None)
-                return
-            except CompilerUnavailable as exc:
-                self.store.hold(key, seq_ids, None)
-                self._answer(GrammarCompiled(key, str(exc), UNAVAILABLE))
-                return
-            except CompileFailed as exc:
-                self.store.hold(key, seq_ids, None)
-                self._answer(GrammarCompiled(key, str(exc)))
-                return
-            load = self._loader.submit(xgrammar.CompiledGrammar.deserialize_json, payload, info)
-            del payload
-            compiled = load.result()
             self.store.insert(guided, compiled)
             _give_back_memory()
         self.store.hold(key, seq_ids, compiled)
         self._answer(GrammarCompiled(key))
 
+    def _compile(self, request: CompileGrammar, deadline: float):  # -> xgrammar.CompiledGrammar
+        """The request's grammar compiled on the worker and loaded; _NotCompiled with the
+        answer saying why not (none when nobody waits for it any more)."""
+        key, seq_ids = request.key, request.seq_ids
+        if time.monotonic() >= deadline:
+            why = f"the {request.kind} constraint waited for other grammars' compiles until"
+            raise _NotCompiled(GrammarCompiled(key, self._past_limit(why), QUEUED_TOO_LONG))
+        import xgrammar
 
-def _queued_too_long(kind: str, timeout_s: float) -> str:
-    return (
-        f"the {kind} constraint waited for other grammars' compiles past this server's limit of "
-        f"{timeout_s:g} s (--grammar-compile-timeout); retry later"
-    )
+        info = self.store.tokenizer_info()
+        if self.worker is None:
+            self.worker = CompileWorker(info.serialize_json())
+        try:
+            payload = self.worker.compile(
+                request.kind,
+                request.spec,
+                self.timeout_s,
+                deadline,
+                # Every request for it aborted: stop it, its core is the steps' again.
+                cancelled=lambda: self._closing.is_set() or not self.store.wanted(key, seq_ids),
+                running=self.compiling,
+            )
+        except CompilerStarting:
+            why = "the grammar compiler was still starting when"
+            raise _NotCompiled(
+                GrammarCompiled(key, self._past_limit(why), QUEUED_TOO_LONG)
+            ) from None
+        except CompileCancelled:
+            raise _NotCompiled(None) from None
+        except CompilerUnavailable as exc:
+            raise _NotCompiled(GrammarCompiled(key, str(exc), UNAVAILABLE)) from None
+        except CompileFailed as exc:
+            raise _NotCompiled(GrammarCompiled(key, str(exc))) from None
+        load = self._loader.submit(xgrammar.CompiledGrammar.deserialize_json, payload, info)
+        del payload
+        return load.result()
+
+    def _past_limit(self, why: str) -> str:
+        return (
+            f"{why} this server's limit of {self.timeout_s:g} s (--grammar-compile-timeout) "
+            "passed; retry later"
+        )
+
+
+class _NotCompiled(Exception):
+    def __init__(self, answer: GrammarCompiled | None) -> None:
+        super().__init__(answer)
+        self.answer = answer  # None: nobody waits for it any more, nothing to say
 
 
 def _give_back_memory() -> None:

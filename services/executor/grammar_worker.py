@@ -69,9 +69,9 @@ class CompileWorker:
         kind: str,
         spec: str,
         timeout_s: float,
+        deadline: float,  # monotonic: the request's own limit, start-up included
         cancelled: Callable[[], bool] = bool,
         running: threading.Event | None = None,
-        deadline: float | None = None,  # monotonic: the request's own limit, start-up included
     ) -> str:
         """The compiled grammar as xgrammar's JSON (CompiledGrammar.serialize_json); `running`
         is set while the worker has it. The compile gets timeout_s from its start, and no
@@ -79,7 +79,7 @@ class CompileWorker:
         proc = self._start(deadline)
         running = running or threading.Event()
         started = time.monotonic()
-        end = started + timeout_s if deadline is None else min(started + timeout_s, deadline)
+        end = min(started + timeout_s, deadline)
 
         def given_up() -> bool:
             return time.monotonic() - started >= CANCEL_AFTER_S and cancelled()
@@ -133,16 +133,16 @@ class CompileWorker:
         if self._proc is None or self._proc.poll() is not None:
             self._spawn(imports_first)
 
-    def _start(self, deadline: float | None = None) -> subprocess.Popen:
+    def _start(self, deadline: float) -> subprocess.Popen:
         """The worker, started if need be and waited for until it is ready or `deadline`."""
         self.start_soon()
         proc = self._proc
         if not self._ready:
             give_up = self._started_at + STARTUP_TIMEOUT_S
             try:
-                _read(proc.stdout, give_up if deadline is None else min(give_up, deadline))
+                _read(proc.stdout, min(give_up, deadline))
             except TimeoutError:
-                if deadline is not None and deadline < give_up:
+                if deadline < give_up:
                     raise CompilerStarting from None
                 self.close()
                 raise CompilerUnavailable("the grammar compiler did not start in time") from None

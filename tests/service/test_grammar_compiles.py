@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 
 import pytest
 
 from services.executor.grammar import GrammarStore
 from services.executor.grammar_compiles import GrammarCompiles
 from shared.protocol import CompileGrammar, GrammarCompiled
+from tests.support.polling import eventually_blocking
 
 VOCAB = 384  # tests/factories.py's tiny model
 EOS = (2,)
@@ -75,15 +75,6 @@ def test_a_grammar_held_for_a_freed_sequence_is_dropped(tiny_model_dir) -> None:
         store.matcher(8, enum_schema(2))
 
 
-def eventually_true(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def warmed_up(
     store: GrammarStore, timeout_s: float
 ) -> tuple[GrammarCompiles, list[GrammarCompiled]]:
@@ -92,7 +83,7 @@ def warmed_up(
     answers: list[GrammarCompiled] = []
     compiles = GrammarCompiles(store, timeout_s=300.0, answer=answers.append)
     compiles.submit(CompileGrammar(0, "regex", "[x]", [0]))
-    assert eventually_true(lambda: answers, 300)
+    eventually_blocking(lambda: answers, timeout=300)
     compiles.forget([0])  # its grammar is held for nobody
     answers.clear()
     compiles.timeout_s = timeout_s
@@ -108,10 +99,10 @@ def test_a_compile_past_its_limit_kills_the_worker_and_the_next_compile_works(
         slow = enum_schema(3, num_values=20000)  # ~4 s on one core for the tiny vocabulary
         small = ("regex", "[a-z]{1,5}")
         compiles.submit(CompileGrammar(1, *slow, [10]))
-        assert eventually_true(lambda: answers, 300)
+        eventually_blocking(lambda: answers, timeout=300)
         compiles.timeout_s = 300.0  # time for the new worker's start, which the kill costs
         compiles.submit(CompileGrammar(2, *small, [11]))
-        assert eventually_true(lambda: len(answers) == 2, 300)
+        eventually_blocking(lambda: len(answers) == 2, timeout=300)
         timed_out, ok = answers
         assert timed_out.key == 1 and "--grammar-compile-timeout" in timed_out.error
         assert ok == GrammarCompiled(2)
@@ -132,7 +123,7 @@ def test_a_grammar_queued_behind_others_past_its_limit_is_a_429_without_a_compil
         small = ("regex", "[a-z]{1,4}")  # would compile in a moment, but waits behind it
         compiles.submit(CompileGrammar(1, *slow, [30]))
         compiles.submit(CompileGrammar(2, *small, [31]))
-        assert eventually_true(lambda: len(answers) == 2, 300)
+        eventually_blocking(lambda: len(answers) == 2, timeout=300)
         timed_out, queued = answers
         assert timed_out.key == 1 and timed_out.error_type == "invalid_request_error"
         assert queued.key == 2 and queued.error_type == "rate_limit_error"
@@ -148,19 +139,19 @@ def test_a_request_whose_limit_passes_while_the_worker_starts_is_a_429(tiny_mode
     answers: list[GrammarCompiled] = []
     compiles = GrammarCompiles(store, timeout_s=300.0, answer=answers.append)
     try:
-        assert eventually_true(lambda: compiles.worker is not None, 300)  # spawned at start-up
+        eventually_blocking(lambda: compiles.worker is not None, timeout=300)  # spawned at start-up
         # That one imports at normal priority (no stream runs yet), then goes idle.
         assert "--imports-first" in compiles.worker._proc.args
         compiles.worker.close()  # as after a kill: the next compile starts another
         compiles.timeout_s = 0.3  # taken from the queue at once, but a start takes ~1 s
         small = ("regex", "[a-c]{1,3}")
         compiles.submit(CompileGrammar(1, *small, [40]))
-        assert eventually_true(lambda: answers, 300)
+        eventually_blocking(lambda: answers, timeout=300)
         [starting] = answers
         assert starting.error_type == "rate_limit_error" and "still starting" in starting.error
         compiles.timeout_s = 300.0  # the next request has time: the same worker, now up
         compiles.submit(CompileGrammar(2, *small, [41]))
-        assert eventually_true(lambda: len(answers) == 2, 300)
+        eventually_blocking(lambda: len(answers) == 2, timeout=300)
         assert answers[1] == GrammarCompiled(2)
         assert compiles.worker.num_started == 2  # at start-up, then once for both requests
         assert "--imports-first" not in compiles.worker._proc.args  # a restart starts idle
