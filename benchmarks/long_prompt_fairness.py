@@ -95,7 +95,11 @@ async def measure(url: str, args: argparse.Namespace) -> dict:
         "long_median_gap_s": statistics.median(during),
         # The longest of thousands of gaps holds the machine's own rare stalls too: the 99th
         # percentile says what most steps beside the prompt cost.
-        "long_p99_gap_s": statistics.quantiles(during, n=100, method="inclusive")[98],
+        "long_p99_gap_s": (
+            statistics.quantiles(during, n=100, method="inclusive")[98]
+            if len(during) > 1
+            else max(during)  # one gap (a tiny smoke run): it is its own percentile
+        ),
         "stream_tokens_during_long": len(during),
         "long_prompt_latency_s": done - sent,
     }
