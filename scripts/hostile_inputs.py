@@ -95,6 +95,10 @@ ROWS = {row.name: row for row in [
     Row("logit_bias_vocab_n64", "logit_bias on every token id, n=64, 16 tokens",
         bodies=lambda c: [partial(hp.logit_bias, c.model, c.vocab_size, 64)],
         baseline=lambda c: hp.logit_bias(c.model, None, 64)),
+    # The control for the row above: its gap shows what n=64 rows cost the step, so the bias's
+    # own share is the difference between the two rows.
+    Row("n64_no_bias", "the same n=64 request without logit_bias (the row above's control)",
+        bodies=lambda c: [partial(hp.logit_bias, c.model, None, 64)]),
     Row("logit_bias_long_key", "a logit_bias key of 5,000 digits",
         bodies=lambda c: [partial(hp.long_bias_key, c.model, 5000)], expect="refused"),
     Row("deep_json", "JSON nested 100,000 deep: body, prompt, /v1/tokenize",
