@@ -103,6 +103,13 @@ CASES = [
          "steps.decode batch=2.new_over_old"),
     ),
     Case(
+        "batch_invariance",
+        lambda m, out: ["--model", str(m), "--quantizations", "none", "--random-prompts", "2",
+                        "--output-len", "4", "--companions", "1", "--threads", "1",
+                        "--json", str(out)],
+        ("modes.0.summary.batched", "modes.0.prompts.1.speculating", "sdpa.contexts"),
+    ),
+    Case(
         "deep_chunk_attention",
         lambda m, out: ["--model", str(m), "--rows", "1,2", "--contexts", "32,64",
                         "--repeats", "1", "--threads", "1", "--json", str(out)],
