@@ -101,6 +101,16 @@ def run_mode(args: argparse.Namespace, quantization: str) -> dict:
     return {"quantization": quantization, "summary": summary, "prompts": rows}
 
 
+def _decode_sdpa(
+    q: torch.Tensor,  # [batch, heads, 1, head_dim]
+    k: torch.Tensor,  # [batch, kv_heads, padded, head_dim]
+    v: torch.Tensor,  # [batch, kv_heads, padded, head_dim]
+    mask: torch.Tensor,  # [batch, 1, 1, padded] bool
+) -> torch.Tensor:  # [batch, heads, 1, head_dim]
+    """The decode call of kernels/reference.py's paged_attention."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
+
+
 def sdpa_bitwise(seed: int, contexts: list[int]) -> dict:
     """One decode row's SDPA alone and first in a batch of four, same padded length (SmolLM2's
     9 query heads over 3 KV heads of 64): how many of the cases differ, and by how much."""
@@ -114,13 +124,8 @@ def sdpa_bitwise(seed: int, contexts: list[int]) -> dict:
         v = torch.randn(4, kv_heads, padded, head_dim, generator=gen)
         mask = torch.ones(4, 1, 1, padded, dtype=torch.bool)
         mask[0, ..., length:] = False
-
-        def attend(rows: slice) -> torch.Tensor:
-            return F.scaled_dot_product_attention(
-                q[rows], k[rows], v[rows], attn_mask=mask[rows], scale=0.125, enable_gqa=True
-            )[:1]
-
-        alone, in_batch = attend(slice(0, 1)), attend(slice(0, 4))
+        alone = _decode_sdpa(q[:1], k[:1], v[:1], mask[:1])
+        in_batch = _decode_sdpa(q, k, v, mask)[:1]
         if not torch.equal(alone, in_batch):
             differing += 1
             largest = max(largest, (alone - in_batch).abs().max().item())
