@@ -1,11 +1,13 @@
 """Does a request's greedy output depend on what it is computed with? In-process, on the CPU.
 
-For each prompt, per quantization: greedy decoding alone; the same beside companion prompts
-in one batch; and alone with ngram speculation (whose verify steps compute the request's own
-proposed tokens as extra rows). For each of the last two: where the output first differs from
-alone, and the largest difference of the chosen tokens' logprobs before that point (0 when the
-logits are bit for bit the same). Then the attention op alone: SDPA for one decode row, by
-itself and as the first of a batch of four at the same padded length, compared bit for bit.
+For each prompt, per quantization, prefix caching off: greedy decoding alone; the same beside
+companion prompts in one batch; alone with ngram speculation (whose verify steps compute the
+request's own proposed tokens as extra rows); and, prefix caching on, the same request a second
+time (its prompt's full blocks then come from the cache, and only the rest is computed). For
+each of the last three: where the output first differs from alone, and the largest difference
+of the chosen tokens' logprobs before that point (0 when the logits are bit for bit the same).
+Then the attention op alone: SDPA for one decode row, by itself and as the first of a batch of
+four at the same padded length, compared bit for bit.
 
     .venv/bin/python benchmarks/batch_invariance.py \\
         --json benchmarks/results/batch_invariance.json
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 STREAMS = Path(__file__).resolve().parent / "data" / "ngram_streams.json"
+KINDS = ("batched", "speculating", "prompt_cached")  # each against the request alone
 
 
 def _prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
@@ -70,8 +73,12 @@ def run_mode(args: argparse.Namespace, quantization: str) -> dict:
     from services.engine.llm_engine import LLMEngine
     from shared.config import EngineConfig, ModelConfig, SpeculativeConfig
 
-    base = EngineConfig(
+    cached = EngineConfig(
         model=ModelConfig(model=args.model, quantization=quantization, num_threads=args.threads)
+    )
+    # Every prompt computed from its first token, unless a run is about the cache.
+    base = dataclasses.replace(
+        cached, scheduler=dataclasses.replace(cached.scheduler, enable_prefix_caching=False)
     )
     speculative = dataclasses.replace(
         base, speculative=SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1)
@@ -83,11 +90,17 @@ def run_mode(args: argparse.Namespace, quantization: str) -> dict:
         batched = [_greedy(engine, [p, *companions], args.output_len)[0] for p in prompts]
     with LLMEngine(speculative) as engine:
         speculating = [_greedy(engine, [p], args.output_len)[0] for p in prompts]
+    with LLMEngine(cached) as engine:
+        again = []
+        for p in prompts:
+            _greedy(engine, [p], args.output_len)  # fills the cache with its prompt's blocks
+            again.append(_greedy(engine, [p], args.output_len)[0])
     rows = [
         {
             "prompt_len": len(p),
             "batched": _compare(alone[i], batched[i]),
             "speculating": _compare(alone[i], speculating[i]),
+            "prompt_cached": _compare(alone[i], again[i]),
         }
         for i, p in enumerate(prompts)
     ]
@@ -96,7 +109,7 @@ def run_mode(args: argparse.Namespace, quantization: str) -> dict:
             "outputs_differing": sum(r[kind]["first_difference"] is not None for r in rows),
             "max_logprob_delta_before": max(r[kind]["max_logprob_delta_before"] for r in rows),
         }
-        for kind in ("batched", "speculating")
+        for kind in KINDS
     }
     return {"quantization": quantization, "summary": summary, "prompts": rows}
 

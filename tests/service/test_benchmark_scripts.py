@@ -107,7 +107,8 @@ CASES = [
         lambda m, out: ["--model", str(m), "--quantizations", "none", "--random-prompts", "2",
                         "--output-len", "4", "--companions", "1", "--threads", "1",
                         "--json", str(out)],
-        ("modes.0.summary.batched", "modes.0.prompts.1.speculating", "sdpa.contexts"),
+        ("modes.0.summary.batched", "modes.0.prompts.1.speculating",
+         "modes.0.prompts.1.prompt_cached", "sdpa.contexts"),
     ),
     Case(
         "deep_chunk_attention",
