@@ -137,16 +137,18 @@ class Executor:
         self.default_sampling = sampling_defaults(model_dir) if auto else {}
         self.model_dir = model_dir
         self.block_tables = DeviceBlockTables(-(-self.max_model_len // block_size), self.device)
+        # Rank 0 only makes matchers; grammars reach it compiled (grammar_compiles.py).
+        self.grammars = GrammarStore(
+            model_dir, self.model.spec.vocab_size, self.eos_token_ids, config.grammar.cache_bytes
+        )
+        # The store's own method, not one of this executor's: a bound method of the executor
+        # would make a cycle that holds the KV pool after `del` until a collection runs.
         self.sampling = SamplingStates(
             self.model.spec.vocab_size,
             self.eos_token_ids,
             self.device,
             config.model.seed,
-            self._grammar_matcher,
-        )
-        # Rank 0 only makes matchers; grammars reach it compiled (grammar_compiles.py).
-        self.grammars = GrammarStore(
-            model_dir, self.model.spec.vocab_size, self.eos_token_ids, config.grammar.cache_bytes
+            self.grammars.matcher,
         )
         self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
         self._latest: StepInFlight | None = None  # the last launched step, until collected
@@ -217,9 +219,6 @@ class Executor:
     def close(self) -> None:
         """Rank 0: stop the other ranks (idempotent)."""
         self.ranks.close()
-
-    def _grammar_matcher(self, seq_id: int, guided: tuple[str, str]):
-        return self.grammars.matcher(seq_id, guided)
 
     def compile_grammar_now(self, request: CompileGrammar) -> GrammarCompiled:
         """The in-process engine's compile: in this thread, before the request is scheduled
