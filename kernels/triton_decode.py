@@ -49,7 +49,6 @@ def _paged_decode_kernel(
     num_heads,  # int
     num_cache_blocks,  # int: k_cache.shape[0], to mask out-of-range block ids
     max_blocks,  # int: block_tables.shape[1]
-    blocks_per_split,  # int: contiguous blocks each split covers
     stride_q_seq,
     stride_q_head,
     stride_c_block,  # k_cache and v_cache share strides (checked on the host)
@@ -90,6 +89,10 @@ def _paged_decode_kernel(
         # Blocks wholly before the window are never read: they may have been freed and reused.
         # The splits share out the blocks from the window's first on, not the whole table.
         first_block = first_pos // BLOCK_SIZE
+    # The splits share out this sequence's own blocks, not the table's width: a table captured
+    # at max_model_len (CUDA graphs) would otherwise put a short context in the first split
+    # alone, and one program would do all of its work.
+    blocks_per_split = tl.cdiv(tl.maximum(num_blocks - first_block, 0), num_splits)
     start_block = first_block + split * blocks_per_split
     end_block = tl.minimum(start_block + blocks_per_split, num_blocks)
 
@@ -241,13 +244,15 @@ def paged_decode_attention(
     num_splits: int | None = None,  # split-K partitions; None: choose_num_splits
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     window: int | None = None,  # sliding window: keys at positions >= seq_len - window visible
+    partials: list | None = None,  # tests: receives (part_max, part_sum) of a split launch
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim], dtype of query
     """Decode attention of one query token per sequence over its paged K/V context.
 
     Matches kernels.reference.paged_attention on a decode-only batch. block_size must be a
     power of two; head_dim may be anything (padded to a power of two inside the kernel).
     num_splits is clamped to max_blocks, or with a window to the blocks it spans (more
-    partitions than blocks would all be empty).
+    partitions than blocks would all be empty). Each sequence's visible blocks are shared out
+    evenly over the splits, whatever the table's width.
     A sequence with seq_len 0 gets a zero output.
     """
     num_seqs, num_heads, head_dim = query.shape
@@ -281,7 +286,6 @@ def paged_decode_attention(
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, span, block_size)
     num_splits = min(num_splits, span)
-    blocks_per_split = triton.cdiv(span, num_splits)
 
     group = num_heads // num_kv_heads
     group_pad, head_dim_pad, use_dot = tile_config(group, head_dim, block_size)
@@ -318,7 +322,6 @@ def paged_decode_attention(
         num_heads,
         num_cache_blocks,
         max_blocks,
-        blocks_per_split,
         query.stride(0),
         query.stride(1),
         k_cache.stride(0),
@@ -337,6 +340,8 @@ def paged_decode_attention(
         WINDOW=bool(window),
     )
     if num_splits > 1:
+        if partials is not None:
+            partials.extend((part_max, part_sum))
         _merge_splits_kernel[(num_seqs, num_heads)](
             out,
             part_out,

@@ -179,6 +179,25 @@ def test_int32_tables_and_extreme_split_counts():
         _assert_close(out, expected, torch.float32)
 
 
+def test_splits_share_out_each_sequence_not_the_table_width():
+    # CUDA graphs capture block tables at max_model_len's width. A short context in such a
+    # table must still have its blocks shared out over the splits: each split of each sequence
+    # sees keys (its partial sum > 0), and the result is the reference's.
+    query, k_cache, v_cache, meta, _ = _make_case([40, 64, 9], 8, 4, 2, 32, seed=7)
+    expected = _reference(query, k_cache, v_cache, meta)
+    padding = torch.full((3, 200), -1, dtype=meta.block_tables.dtype)  # unused table entries
+    wide = torch.cat([meta.block_tables, padding], dim=1).to(query.device)
+    partials = []
+    out = paged_decode_attention(
+        query, k_cache, v_cache, wide, meta.seq_lens.to(query.device), query.shape[-1] ** -0.5,
+        num_splits=2, partials=partials,
+    )  # fmt: skip
+    _assert_close(out, expected, torch.float32)
+    part_sum = partials[1].cpu()  # [num_seqs, num_heads, num_splits]
+    assert part_sum.shape == (3, 4, 2)
+    assert bool((part_sum > 0).all()), part_sum  # 9 tokens: 2 blocks of 8, one per split
+
+
 def test_slots_past_seq_len_are_never_read():
     # Unwritten slots of a last, partial block may hold anything; NaN must not leak out.
     seq_lens = [5, 19]
