@@ -32,7 +32,9 @@ MAX_AUTO_SPLITS = 16
 ENOUGH_PROGRAMS = 256
 
 
-@triton.jit
+# The table's width changes from step to step: specialising on it (== 1, divisible by 16)
+# would compile new variants inside timed runs.
+@triton.jit(do_not_specialize=["max_blocks", "stride_bt_seq"])
 def _paged_decode_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim], last dim contiguous
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], last dim contiguous
@@ -165,7 +167,7 @@ def _paged_decode_kernel(
         tl.store(part_out_ptr + p_offs, acc, mask=qd_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # varies by step; one compiled variant
 def _merge_splits_kernel(
     out_ptr,  # [num_seqs, num_heads, head_dim] contiguous, dtype of the query
     part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32 unnormalised partials
@@ -175,7 +177,7 @@ def _merge_splits_kernel(
     num_splits,  # int
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # next power of two >= num_splits
+    SPLITS_PAD: tl.constexpr,  # a power of two >= num_splits
 ):
     """out = sum_s exp(m_s - M) * acc_s / sum_s exp(m_s - M) * l_s, M = max_s m_s."""
     seq = tl.program_id(0)
@@ -351,6 +353,8 @@ def paged_decode_attention(
             num_splits,
             HEAD_DIM=head_dim,
             HEAD_DIM_PAD=head_dim_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            # At least the automatic choice's ceiling, so every automatic count shares one
+            # compiled merge (a constexpr per power of two would compile up to four).
+            SPLITS_PAD=max(MAX_AUTO_SPLITS, triton.next_power_of_2(num_splits)),
         )
     return out

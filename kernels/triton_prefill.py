@@ -17,7 +17,8 @@ _BLOCK_N = 32
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# The table's width changes from step to step: no variants compiled for it.
+@triton.jit(do_not_specialize=["max_blocks", "stride_bts"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     k_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]

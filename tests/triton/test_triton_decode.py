@@ -7,6 +7,9 @@ tiny: at most 4 sequences and 80 tokens of context.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -265,3 +268,29 @@ def test_gpu_medium_batch(dtype, num_heads, num_kv_heads, head_dim, block_size):
         out = _run(query, k_cache, v_cache, meta, num_splits)
         assert out.dtype == dtype
         torch.testing.assert_close(out.float().cpu(), expected, rtol=rtol, atol=atol)
+
+
+def test_per_step_integers_compile_no_variants():
+    # The block table's width (and the split count) change from step to step; a kernel that
+    # specialised on them would compile new variants inside timed runs. The declaration is only
+    # visible on compiled (not interpreted) kernels: read it in a process without the
+    # interpreter (nothing runs on a device there).
+    code = (
+        "from kernels.triton_decode import _paged_decode_kernel, _merge_splits_kernel\n"
+        "from kernels.triton_prefill import _prefill_kernel\n"
+        "for k in (_paged_decode_kernel, _merge_splits_kernel, _prefill_kernel):\n"
+        "    assert set(k.do_not_specialize) <= set(k.arg_names), k.do_not_specialize\n"
+        "    print(k.fn.__name__, *k.do_not_specialize)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    declared = {line.split()[0]: set(line.split()[1:]) for line in done.stdout.splitlines()}
+    assert declared == {
+        "_paged_decode_kernel": {"max_blocks", "stride_bt_seq"},
+        "_merge_splits_kernel": {"num_splits"},
+        "_prefill_kernel": {"max_blocks", "stride_bts"},
+    }
