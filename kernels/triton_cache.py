@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels import reference
+from kernels.metadata import host_to_device
 
 # Elements of one cache block moved per copy_blocks program.
 _COPY_CHUNK = 2048
@@ -151,7 +152,8 @@ def copy_blocks(
         (num_layers * 2, num_blocks, block_numel),
         (cache.stride(1), cache.stride(2), 1),
     )
-    pair_tensor = torch.tensor(pairs, dtype=torch.int64, device=cache.device)  # [num_pairs, 2]
+    # Through pinned memory: a pageable upload would wait for the step in flight.
+    pair_tensor = host_to_device(torch.tensor(pairs, dtype=torch.int64), cache.device)
     chunk = min(_COPY_CHUNK, triton.next_power_of_2(block_numel))
     grid = (len(pairs), num_layers * 2, triton.cdiv(block_numel, chunk))
     _copy_blocks_kernel[grid](
@@ -175,8 +177,9 @@ def swap_blocks(
     if not pairs:
         return
     src_dev, dst_dev = src_cache.device, dst_cache.device
-    src_idx = torch.tensor([s for s, _ in pairs], dtype=torch.int64, device=src_dev)
-    dst_idx = torch.tensor([d for _, d in pairs], dtype=torch.int64, device=dst_dev)
+    # [num_pairs] each, through pinned memory where they go to a GPU (see copy_blocks)
+    src_idx = host_to_device(torch.tensor([s for s, _ in pairs], dtype=torch.int64), src_dev)
+    dst_idx = host_to_device(torch.tensor([d for _, d in pairs], dtype=torch.int64), dst_dev)
     staged_shape = (*src_cache.shape[:2], len(pairs), *src_cache.shape[3:])
     if src_dev.type == "cpu" and dst_dev.type == "cuda":
         # Gather straight into pinned memory (no extra host copy), then one async upload. The

@@ -114,6 +114,31 @@ def test_swap_blocks_cpu_to_cpu_matches_reference():
     assert torch.equal(dst, expected)
 
 
+def test_block_lists_reach_the_device_without_a_pageable_upload(monkeypatch):
+    # torch.tensor(list, device=cuda) uploads from pageable memory, which waits for the step in
+    # flight (every copy-on-write and swap-in would stall the overlap). The index tensors are
+    # built on the host and handed to host_to_device (pinned, non-blocking on a GPU).
+    made_on_a_device, uploads = [], []
+    tensor, upload = torch.tensor, triton_cache.host_to_device
+
+    def watched_tensor(*args, **kwargs):
+        if kwargs.get("device") is not None:
+            made_on_a_device.append(kwargs["device"])
+        return tensor(*args, **kwargs)
+
+    def watched_upload(t, device):
+        uploads.append(tuple(t.shape))
+        return upload(t, device)
+
+    monkeypatch.setattr(torch, "tensor", watched_tensor)
+    monkeypatch.setattr(triton_cache, "host_to_device", watched_upload)
+    cache = _randn(2, 2, 6, 4, 1, 16, seed=14)
+    triton_cache.copy_blocks(cache.to(DEVICE), [(0, 4), (1, 5)])
+    triton_cache.swap_blocks(_randn(2, 2, 3, 4, 1, 16, seed=15), cache, [(0, 2), (2, 3)])
+    assert made_on_a_device == []
+    assert uploads == [(2, 2), (2,), (2,)]
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
