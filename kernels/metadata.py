@@ -46,6 +46,21 @@ class ReferenceViews:
 
 
 @dataclass
+class MixedSplit:
+    """A mixed step's sequences for the Triton backend: the one-token ones (decodes) go to the
+    decode kernel, the others to the prefill kernel, whose tiles of 64 query rows a single row
+    would mostly leave idle (with GQA a decode row fills a few of them). Built on the host,
+    where the query lengths are known, and uploaded in one copy."""
+
+    decode_seqs: torch.Tensor  # [num_decodes] int64 index of each decode sequence
+    decode_rows: torch.Tensor  # [num_decodes] int64 its query row
+    prefill_seqs: torch.Tensor  # [num_prefills] int64 index of each multi-token sequence
+    prefill_rows: torch.Tensor  # [prefill_tokens] int64 their query rows, in order
+    prefill_query_start_loc: torch.Tensor  # [num_prefills + 1] int64 over prefill_rows
+    prefill_max_query_len: int
+
+
+@dataclass
 class AttentionMetadata:
     """A flat varlen batch: sequence i owns rows query_start_loc[i]:query_start_loc[i+1]."""
 
@@ -61,6 +76,8 @@ class AttentionMetadata:
     # than the token's position + 1 (prompt chunks, recomputes; ScheduledSeq.rope_len); longrope
     # picks its rotary table by it. None: every token's own position + 1.
     rope_lens: torch.Tensor | None = None
+    # Steps with decodes and multi-token sequences, for the Triton backend; None otherwise.
+    mixed: MixedSplit | None = None
 
 
 def build_attention_metadata(
@@ -128,7 +145,28 @@ def metadata_from_table(
             if rope_lens is None
             else host_to_device(torch.tensor(rope_lens), device)[seq_of_token]
         ),
+        mixed=None if reference_views else mixed_split(query_lens, device),
     )
+
+
+def mixed_split(query_lens: list[int], device: torch.device) -> MixedSplit | None:
+    """The decode/prefill partition of a step with both kinds of sequences; None otherwise."""
+    decodes = [i for i, n in enumerate(query_lens) if n == 1]
+    prefills = [i for i, n in enumerate(query_lens) if n > 1]
+    if not decodes or not prefills:
+        return None
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    prefill_rows = [row for i in prefills for row in range(starts[i], starts[i + 1])]
+    prefill_starts = [0]
+    for i in prefills:
+        prefill_starts.append(prefill_starts[-1] + query_lens[i])
+    decode_rows = [starts[i] for i in decodes]
+    parts = [decodes, decode_rows, prefills, prefill_rows, prefill_starts]
+    flat = host_to_device(torch.tensor([x for part in parts for x in part]), device)
+    views = torch.split(flat, [len(part) for part in parts])
+    return MixedSplit(*views, prefill_max_query_len=max(query_lens))
 
 
 def _reference_views(

@@ -35,7 +35,10 @@ def paged_attention(
             softcap=softcap,
             window=window,
         )
-    # Mixed batches go through the prefill kernel, which handles one-token rows as well.
+    if meta.mixed is not None:
+        return _mixed(query, k_cache, v_cache, meta, scale, softcap, window)
+    # Multi-token sequences only (or metadata built without the split): the prefill kernel,
+    # which handles one-token rows as well.
     return paged_prefill_attention(
         query,
         k_cache,
@@ -48,3 +51,41 @@ def paged_attention(
         softcap=softcap,
         window=window,
     )
+
+
+def _mixed(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Decode rows through the decode kernel, the other sequences through the prefill kernel:
+    one launch each, their rows gathered and the outputs scattered back."""
+    split = meta.mixed
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    out[split.decode_rows] = paged_decode_attention(
+        query[split.decode_rows],
+        k_cache,
+        v_cache,
+        meta.block_tables[split.decode_seqs],
+        meta.seq_lens[split.decode_seqs],
+        scale,
+        softcap=softcap,
+        window=window,
+    )
+    out[split.prefill_rows] = paged_prefill_attention(
+        query[split.prefill_rows],
+        k_cache,
+        v_cache,
+        meta.block_tables[split.prefill_seqs],
+        split.prefill_query_start_loc,
+        meta.seq_lens[split.prefill_seqs],
+        scale,
+        split.prefill_max_query_len,
+        softcap=softcap,
+        window=window,
+    )
+    return out

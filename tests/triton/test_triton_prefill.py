@@ -151,3 +151,61 @@ def test_medium_prefill_cuda():
     shapes = [(0, 517), (300, 211), (1023, 1), (64, 128), (777, 64), (0, 1), (2000, 33)]
     _run_case(shapes, 32, 8, 128, 16, torch.float16, seed=14, share=(2, 4))
     _run_case(shapes, 16, 8, 64, 32, torch.bfloat16, seed=15, share=(2, 4))
+
+
+def test_a_mixed_step_sends_decode_rows_to_the_decode_kernel(monkeypatch):
+    # The one-token sequence (37 cached, 1 new) of MIXED goes to the decode kernel, the four
+    # multi-token ones to the prefill kernel; the outputs, put back in row order, are the
+    # reference's.
+    from kernels import metadata, triton_ops
+
+    block_size, num_heads, num_kv_heads, head_dim = 16, 4, 2, 32
+    gen = torch.Generator().manual_seed(3)
+    num_blocks = sum(-(-(c + n) // block_size) for c, n in MIXED) + 4
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-(c + n) // block_size))] for c, n in MIXED]
+    query_lens, starts = [n for _, n in MIXED], [c for c, _ in MIXED]
+    cpu_meta = build_attention_metadata(query_lens, starts, tables, block_size)
+    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen)
+    expected = reference.paged_attention(query, k_cache, v_cache, cpu_meta, head_dim**-0.5)
+
+    table = cpu_meta.block_tables.to(DEVICE)
+    meta = metadata.metadata_from_table(
+        query_lens, starts, table, block_size, reference_views=False
+    )
+    assert meta.mixed is not None
+    calls = []
+    decode, prefill = triton_ops.paged_decode_attention, triton_ops.paged_prefill_attention
+
+    def watched_decode(q, *args, **kwargs):
+        calls.append(("decode", q.shape[0]))
+        return decode(q, *args, **kwargs)
+
+    def watched_prefill(q, *args, **kwargs):
+        calls.append(("prefill", q.shape[0]))
+        return prefill(q, *args, **kwargs)
+
+    monkeypatch.setattr(triton_ops, "paged_decode_attention", watched_decode)
+    monkeypatch.setattr(triton_ops, "paged_prefill_attention", watched_prefill)
+    out = triton_ops.paged_attention(
+        query.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), meta, head_dim**-0.5
+    )
+    assert calls == [("decode", 1), ("prefill", sum(query_lens) - 1)]
+    torch.testing.assert_close(out.cpu(), expected, **TOL[torch.float32])
+
+
+def test_no_split_without_both_kinds_or_for_the_reference():
+    from kernels.metadata import metadata_from_table
+
+    table = torch.zeros(2, 4, dtype=torch.int64)
+    assert metadata_from_table([1, 1], [5, 9], table, 16, reference_views=False).mixed is None
+    assert metadata_from_table([3, 4], [0, 9], table, 16, reference_views=False).mixed is None
+    assert metadata_from_table([1, 4], [5, 9], table, 16, reference_views=True).mixed is None
+    split = metadata_from_table([3, 1, 2, 1], [0, 9, 4, 7], table.repeat(2, 1), 16,
+                                reference_views=False).mixed  # fmt: skip
+    assert split.decode_seqs.tolist() == [1, 3] and split.decode_rows.tolist() == [3, 6]
+    assert split.prefill_seqs.tolist() == [0, 2] and split.prefill_rows.tolist() == [0, 1, 2, 4, 5]
+    assert split.prefill_query_start_loc.tolist() == [0, 3, 5]
+    assert split.prefill_max_query_len == 3
