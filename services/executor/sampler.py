@@ -161,6 +161,14 @@ def _draw(
     greedy_ids = logits.argmax(dim=-1)
     # Greedy rows divide by 1: their draw is discarded below, and nothing becomes inf or nan.
     temperature = torch.where(greedy_rows, torch.ones_like(batch.temperature), batch.temperature)
+    filters = batch.use_min_p or batch.use_top_p or batch.use_top_k
+    if logits.is_cuda and not filters and not batch.want_filtered:
+        # One fused pass per row (kernels/triton_sampling.py): the same tokens as below,
+        # without the [B, vocab] noise and scaled-logits buffers.
+        from kernels.triton_sampling import gumbel_argmax
+
+        drawn = gumbel_argmax(logits, temperature, batch.rng_keys)
+        return torch.where(greedy_rows, greedy_ids, drawn), None
     logits = logits / temperature[:, None]
     if batch.use_min_p:
         # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed.
