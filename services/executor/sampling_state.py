@@ -332,7 +332,8 @@ class SamplingStates:
         bitmask = xgrammar.allocate_token_bitmask(len(states), self.vocab_size)
         for i in rows:
             states[i].matcher.fill_next_token_bitmask(bitmask, i)
-        batch.grammar_bitmask = bitmask
+        # Through pinned memory: a pageable upload would wait for the step in flight.
+        batch.grammar_bitmask = host_to_device(bitmask, self.device)
         batch.grammar_rows = rows
 
     def plain(self, seq_id: int) -> bool:
