@@ -16,6 +16,8 @@ offset p % block_size. All arithmetic is fp32 whatever the storage dtype.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -64,7 +66,10 @@ def _paged_decode_kernel(
     BLOCK_SIZE: tl.constexpr,  # cache block size, a power of two
     SPLIT: tl.constexpr,  # num_splits > 1: write partials, not the final output
     USE_DOT: tl.constexpr,  # tl.dot (all dims >= 16 on a GPU), else multiply + tl.sum
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 data, "tf32" (exact for 16-bit data) else
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 data (16-bit operands ignore it)
+    # 16-bit Q/K/V into the dots as they are (fp32 accumulation; P rounded to their type for
+    # P @ V, as flash attention does): the full tensor-core rate, half the registers.
+    NATIVE_DOT: tl.constexpr,
     SOFTCAP: tl.constexpr,  # cap the scores (Gemma 2); off: no extra work
     WINDOW: tl.constexpr,  # sliding window: skip the blocks before it, mask the rest
 ):
@@ -101,7 +106,9 @@ def _paged_decode_kernel(
     q_offs = seq * stride_q_seq + heads[:, None] * stride_q_head + offs_d[None, :]
     qd_mask = g_mask[:, None] & d_mask[None, :]
     # [GROUP_PAD, HEAD_DIM_PAD]; padded heads/dims are 0 and their results are never stored.
-    q = tl.load(q_ptr + q_offs, mask=qd_mask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + q_offs, mask=qd_mask, other=0.0)
+    if not NATIVE_DOT:
+        q = q.to(tl.float32)
 
     # Online softmax state per query head. Every block the loop visits holds at least one
     # visible key, so m_i is finite after the first block and exp(m_i - m_new) never sees
@@ -129,8 +136,10 @@ def _paged_decode_kernel(
         kv_mask = t_mask[:, None] & d_mask[None, :]
         # [BLOCK_SIZE, HEAD_DIM_PAD]. Slots past seq_len load as 0: the cache there may hold
         # stale values or even NaN, and 0 * NaN would poison the P @ V sum.
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
+        if not NATIVE_DOT:
+            k, v = k.to(tl.float32), v.to(tl.float32)
 
         if USE_DOT:
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
@@ -146,7 +155,7 @@ def _paged_decode_kernel(
         p = tl.exp(s - m_new[:, None])  # masked slots: exp(-inf) = 0
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if USE_DOT:
-            pv = tl.dot(p, v, input_precision=DOT_PRECISION)
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         else:
             pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
@@ -215,6 +224,15 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int, block_s
     if num_seqs * num_kv_heads >= ENOUGH_PROGRAMS:
         return 1
     return max(1, min(triton.cdiv(max_blocks * block_size, PARTITION_TOKENS), MAX_AUTO_SPLITS))
+
+
+def native_dot_dtypes() -> tuple[torch.dtype, ...]:
+    """The 16-bit types the dots take as they are. bf16 only when compiled: Triton's interpreter
+    keeps bf16 as raw uint16 and would multiply the bit patterns (its bf16 runs upcast, and the
+    `gpu` tests check the native path)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return (torch.float16,)
+    return (torch.float16, torch.bfloat16)
 
 
 def tile_config(group: int, head_dim: int, block_size: int) -> tuple[int, int, bool]:
@@ -291,11 +309,10 @@ def paged_decode_attention(
 
     group = num_heads // num_kv_heads
     group_pad, head_dim_pad, use_dot = tile_config(group, head_dim, block_size)
-    # K, V and Q are upcast to fp32 before the dot. 16-bit values are exact in tf32, so tf32
-    # loses only the rounding of P there; fp32 data needs "ieee" to keep fp32 accuracy.
-    sixteen_bit = (torch.float16, torch.bfloat16)
-    exact_in_tf32 = query.dtype in sixteen_bit and k_cache.dtype in sixteen_bit
-    dot_precision = "tf32" if exact_in_tf32 else "ieee"
+    # 16-bit data goes into the dots as it is (fp32 accumulation); fp32 data needs "ieee" to
+    # keep fp32 accuracy.
+    native_dot = use_dot and query.dtype in native_dot_dtypes() and k_cache.dtype == query.dtype
+    dot_precision = "ieee"
 
     if num_splits == 1:
         part_out = part_max = part_sum = out  # unused placeholders: the kernel never touches them
@@ -338,6 +355,7 @@ def paged_decode_attention(
         SPLIT=num_splits > 1,
         USE_DOT=use_dot,
         DOT_PRECISION=dot_precision,
+        NATIVE_DOT=native_dot,
         SOFTCAP=bool(softcap),
         WINDOW=bool(window),
     )

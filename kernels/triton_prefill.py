@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_decode import native_dot_dtypes
 from kernels.triton_softcap import softcap_scores
 
 # Rows of one query tile: query tokens x the query heads of one GQA group. Folding the group into
@@ -56,6 +57,9 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
     USE_DOT: tl.constexpr,  # every tile dim >= 16; else broadcast-multiply and reduce
     DOT_PRECISION: tl.constexpr,
+    # 16-bit Q/K/V into the dots as they are (fp32 accumulation; P rounded to their type for
+    # P @ V, as flash attention does): the full tensor-core rate, half the registers.
+    NATIVE_DOT: tl.constexpr,
     SOFTCAP: tl.constexpr,  # cap the scores (Gemma 2); off: no extra work
     WINDOW: tl.constexpr,  # sliding window: start at the tile's first visible key
 ):
@@ -87,7 +91,9 @@ def _prefill_kernel(
     )
     q_mask = row_ok[:, None] & d_ok[None, :]
     # Folding the scale into Q costs one multiply per query element instead of one per score.
-    q = tl.load(q_ptrs, mask=q_mask, other=0.0).to(tl.float32) * qk_scale
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    if not NATIVE_DOT:
+        q = q.to(tl.float32) * qk_scale  # 16-bit Q keeps its values: scaled after the dot
 
     m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
@@ -116,11 +122,14 @@ def _prefill_kernel(
             k_ptr + k_off[None, :] + d[:, None] * stride_kd,
             mask=d_ok[:, None] & n_ok[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
         v = tl.load(v_ptr + v_off[:, None] + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        v = v.to(tl.float32)
+        if not NATIVE_DOT:
+            k, v = k.to(tl.float32), v.to(tl.float32)
 
-        if USE_DOT:
+        if NATIVE_DOT:
+            s = tl.dot(q, k) * qk_scale
+        elif USE_DOT:
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
         else:
             s = tl.sum(q[:, :, None] * k[None, :, :], axis=1)
@@ -139,7 +148,7 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if USE_DOT:
-            pv = tl.dot(p, v, input_precision=DOT_PRECISION)
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         else:
             pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
@@ -191,9 +200,10 @@ def paged_prefill_attention(
     block_d = triton.next_power_of_2(head_dim)
     # GPUs' tl.dot needs every dim >= 16; smaller tiles take the broadcast-and-sum path.
     use_dot = block_q * group_pad >= 16 and _BLOCK_N >= 16 and block_d >= 16
-    # fp16/bf16 values are exact in tf32, so tf32 tensor cores cost 16-bit inputs about one extra
-    # rounding (the scale folded into Q, P before P.V); fp32 inputs would lose 13 mantissa bits,
-    # hence full-precision dots there.
+    # 16-bit data goes into the dots as it is (fp32 accumulation); fp32 inputs would lose 13
+    # mantissa bits in tf32, hence full-precision dots there (and for 16-bit data the
+    # interpreter cannot dot: kernels.triton_decode.native_dot_dtypes).
+    native_dot = use_dot and query.dtype in native_dot_dtypes() and k_cache.dtype == query.dtype
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _prefill_kernel[grid](
@@ -224,6 +234,7 @@ def paged_prefill_attention(
         BLOCK_D=block_d,
         USE_DOT=use_dot,
         DOT_PRECISION=precision,
+        NATIVE_DOT=native_dot,
         SOFTCAP=bool(softcap),
         WINDOW=bool(window),
     )
