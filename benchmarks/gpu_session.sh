@@ -87,7 +87,8 @@ for s in $STAGES; do
         stage tests 150 pytest -q -m gpu -p no:cacheprovider --junitxml "$OUT/tests.xml" \
             tests/triton/test_triton_decode.py tests/triton/test_triton_cache.py \
             tests/triton/test_triton_prefill.py tests/unit/executor/test_phase_timer.py \
-            tests/triton/test_cuda_graphs.py tests/triton/test_triton_sampling.py ;;
+            tests/triton/test_cuda_graphs.py tests/triton/test_triton_sampling.py \
+            tests/triton/test_triton_warmup.py ;;
     kernels)
         stage kernels 90 benchmarks/attention_kernels.py --dtype bfloat16 --output "$OUT/kernels.json" ;;
     1b)  # in-process (overlapped, one step after another, eager), served (async and sync),

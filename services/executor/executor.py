@@ -168,7 +168,22 @@ class Executor:
                 self.cache.num_cpu_blocks,
                 reference_views=self.ops.name == "torch",
             )
+        self._warm_up_kernels()
         self.graphs = self._capture_graphs(config)
+
+    def _warm_up_kernels(self) -> None:
+        """On a GPU with the Triton kernels, compile each attention variant now, not in the
+        middle of a served step (kernels/triton_warmup.py)."""
+        if self.device.type != "cuda" or self.ops.name != "triton":
+            return
+        from kernels.triton_warmup import warm_up_attention
+
+        spec = self.model.spec
+        pool = self.cache.device  # [num_layers, 2, num_blocks, block_size, kv_heads, head_dim]
+        heads = spec.num_heads // self.shard.size
+        warm_up_attention(
+            pool[0, 0], pool[0, 1], heads, spec.softmax_scale, spec.attn_softcap, spec.windows
+        )
 
     def _capture_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
         """CUDA graphs for decode steps, where they apply: a CUDA device, the Triton kernels, one
