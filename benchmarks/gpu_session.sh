@@ -6,6 +6,7 @@
 #   benchmarks/gpu_session.sh --prepare                       # here, once: wheels and tokenizer
 #   benchmarks/gpu_session.sh --dry-run                       # here (CPU): imports, flags, tests collected
 #   STAGES="tests kernels 1b" benchmarks/gpu_session.sh       # on the GPU machine
+#   STAGES=sweep benchmarks/gpu_session.sh                    # launch options; commit its file
 #
 # --prepare downloads the wheels the GPU image lacks (as last seen: Python 3.12 with torch,
 # triton, transformers, aiohttp, msgpack, uvloop, pytest; no pyzmq, gguf or pytest-asyncio)
@@ -102,6 +103,9 @@ for s in $STAGES; do
     8b)
         stage 8b 150 benchmarks/gpu_throughput.py --shape 8b --tokenizer "$TOKENIZER" \
             --workloads fixed --skip-hf --skip-served --json "$OUT/gpu_throughput_8b.json" ;;
+    sweep)  # not in the default set: num_warps/num_stages per kernel, written to kernels/configs
+        stage sweep 240 benchmarks/triton_config_sweep.py \
+            --json "$OUT/triton_config_sweep.json" ;;
     *) echo "unknown stage $s" >>"$LOG"; FAILED=1 ;;
     esac
 done

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_configs import launch_options
 from kernels.triton_softcap import softcap_scores
 
 # choose_num_splits: aim for at least this many context tokens per partition (vLLM v2 uses 512;
@@ -358,6 +359,7 @@ def paged_decode_attention(
         NATIVE_DOT=native_dot,
         SOFTCAP=bool(softcap),
         WINDOW=bool(window),
+        **launch_options("decode", query.device),
     )
     if num_splits > 1:
         if partials is not None:

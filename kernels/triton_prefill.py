@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_configs import launch_options
 from kernels.triton_decode import native_dot_dtypes
 from kernels.triton_softcap import softcap_scores
 
@@ -237,5 +238,6 @@ def paged_prefill_attention(
         NATIVE_DOT=native_dot,
         SOFTCAP=bool(softcap),
         WINDOW=bool(window),
+        **launch_options("prefill", query.device),
     )
     return out

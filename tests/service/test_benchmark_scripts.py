@@ -111,6 +111,14 @@ CASES = [
          "modes.0.prompts.1.prompt_cached", "sdpa.contexts"),
     ),
     Case(
+        "triton_config_sweep",
+        lambda m, out: ["--warps", "4", "--stages", "2,3", "--no-write-config",
+                        "--json", str(out)],
+        ("device", "results.decode.best", "results.prefill.best_over_default"),
+        (pytest.mark.gpu,
+         pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    ),
+    Case(
         "deep_chunk_attention",
         lambda m, out: ["--model", str(m), "--rows", "1,2", "--contexts", "32,64",
                         "--repeats", "1", "--threads", "1", "--json", str(out)],

@@ -1,0 +1,130 @@
+"""GPU: choose num_warps and num_stages for the attention kernels on this GPU, by timing.
+
+For each kernel (decode, prefill) and each option pair of --warps x --stages, times the kernel
+on a few serving shapes (bf16, 32 query heads over 8 KV heads of 128: Llama-3-8B's layout)
+with CUDA events (triton.testing.do_bench, medians), scores each pair by the geometric mean of
+its times over the default's (4 warps, 3 stages), and writes the best pair per kernel to
+kernels/configs/<device name>.json, which kernels/triton_configs.py reads at launch. A pair
+that fails to compile (too many registers or too much shared memory) is recorded and skipped.
+Needs CUDA; elsewhere it says so and exits 1.
+
+    .venv/bin/python benchmarks/triton_config_sweep.py \\
+        --json benchmarks/results/triton_config_sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+DECODE_SHAPES = [(1, 4096), (64, 2048), (256, 1024)]  # (sequences, context)
+PREFILL_SHAPES = [(1, 2048), (8, 512)]  # (prompts, tokens each)
+
+
+def _pool(num_seqs: int, length: int, device) -> tuple[torch.Tensor, ...]:
+    """K and V caches under shuffled block ids, tables [num_seqs, blocks] int32, lengths."""
+    per_seq = -(-length // BLOCK)
+    k = torch.randn(num_seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM, device=device).bfloat16()
+    v = torch.randn_like(k)
+    table = torch.randperm(num_seqs * per_seq, device=device).view(num_seqs, per_seq).int()
+    lens = torch.full((num_seqs,), length, device=device, dtype=torch.int32)
+    return k, v, table, lens
+
+
+def decode_case(num_seqs: int, context: int, device):
+    from kernels.triton_decode import paged_decode_attention
+
+    k, v, table, lens = _pool(num_seqs, context, device)
+    q = torch.randn(num_seqs, HEADS, HEAD_DIM, device=device).bfloat16()
+    return lambda: paged_decode_attention(q, k, v, table, lens, HEAD_DIM**-0.5)
+
+
+def prefill_case(num_prompts: int, tokens: int, device):
+    from kernels.triton_prefill import paged_prefill_attention
+
+    k, v, table, lens = _pool(num_prompts, tokens, device)
+    q = torch.randn(num_prompts * tokens, HEADS, HEAD_DIM, device=device).bfloat16()
+    starts = torch.arange(0, num_prompts + 1, device=device, dtype=torch.int32) * tokens
+    return lambda: paged_prefill_attention(q, k, v, table, starts, lens, HEAD_DIM**-0.5, tokens)
+
+
+def sweep(kernel: str, cases: dict, pairs: list[tuple[int, int]], do_bench) -> dict:
+    from kernels import triton_configs
+
+    rows = []
+    for warps, stages in pairs:
+        triton_configs.trying[kernel] = {"num_warps": warps, "num_stages": stages}
+        try:
+            times = {name: do_bench(run) for name, run in cases.items()}
+        except Exception as exc:  # noqa: BLE001 - an option pair the compiler refuses
+            rows.append({"num_warps": warps, "num_stages": stages, "error": str(exc)[:200]})
+            continue
+        finally:
+            triton_configs.trying.pop(kernel, None)
+        rows.append({"num_warps": warps, "num_stages": stages, "ms": times})
+    default = next(
+        r for r in rows
+        if (r["num_warps"], r["num_stages"]) == tuple(triton_configs.DEFAULT.values())
+    )  # fmt: skip
+    if "ms" not in default:
+        raise RuntimeError(f"{kernel}: the default options failed: {default['error']}")
+    for r in rows:
+        if "ms" in r:
+            ratios = [r["ms"][n] / default["ms"][n] for n in cases]
+            r["over_default"] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    timed = [r for r in rows if "over_default" in r]
+    best = min(timed, key=lambda r: r["over_default"])
+    return {"rows": rows, "best": {k: best[k] for k in ("num_warps", "num_stages")},
+            "best_over_default": best["over_default"]}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warps", default="2,4,8")
+    parser.add_argument("--stages", default="1,2,3,4")
+    parser.add_argument("--json", default="benchmarks/results/triton_config_sweep.json")
+    parser.add_argument("--no-write-config", action="store_true",
+                        help="report only; leave kernels/configs alone")  # fmt: skip
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs CUDA: the options it chooses are a GPU's", file=sys.stderr)
+        return 1
+    import triton.testing
+
+    from kernels.triton_configs import DEFAULT, config_path
+
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device)
+    pairs = list(itertools.product(map(int, args.warps.split(",")),
+                                   map(int, args.stages.split(","))))  # fmt: skip
+    if tuple(DEFAULT.values()) not in pairs:
+        pairs.append(tuple(DEFAULT.values()))  # the reference every pair is scored against
+    cases = {
+        "decode": {f"{b}x{c}": decode_case(b, c, device) for b, c in DECODE_SHAPES},
+        "prefill": {f"{p}x{t}": prefill_case(p, t, device) for p, t in PREFILL_SHAPES},
+    }
+    results = {k: sweep(k, c, pairs, triton.testing.do_bench) for k, c in cases.items()}
+    for kernel, r in results.items():
+        print(f"{kernel}: best {r['best']} at {r['best_over_default']:.3f}x the default")
+    if not args.no_write_config:
+        path = config_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kernels = {k: r["best"] for k, r in results.items()}
+        path.write_text(json.dumps({"device": name, "kernels": kernels}, indent=2) + "\n")
+        print("wrote", path)
+    report = {"command": " ".join(sys.argv), "device": name, "results": results}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print("wrote", args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
