@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -155,18 +156,15 @@ def mixed_split(query_lens: list[int], device: torch.device) -> MixedSplit | Non
     prefills = [i for i, n in enumerate(query_lens) if n > 1]
     if not decodes or not prefills:
         return None
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    prefill_rows = [row for i in prefills for row in range(starts[i], starts[i + 1])]
-    prefill_starts = [0]
-    for i in prefills:
-        prefill_starts.append(prefill_starts[-1] + query_lens[i])
-    decode_rows = [starts[i] for i in decodes]
-    parts = [decodes, decode_rows, prefills, prefill_rows, prefill_starts]
-    flat = host_to_device(torch.tensor([x for part in parts for x in part]), device)
-    views = torch.split(flat, [len(part) for part in parts])
-    return MixedSplit(*views, prefill_max_query_len=max(query_lens))
+    starts = list(itertools.accumulate(query_lens, initial=0))
+    head = torch.tensor([*decodes, *(starts[i] for i in decodes), *prefills], dtype=torch.int64)
+    # A loop per sequence, not per token: a prefill chunk may be thousands of rows.
+    prefill_rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in prefills])
+    prefill_lens = (query_lens[i] for i in prefills)
+    prefill_starts = torch.tensor(list(itertools.accumulate(prefill_lens, initial=0)))
+    flat = host_to_device(torch.cat([head, prefill_rows, prefill_starts]), device)
+    sizes = [len(decodes), len(decodes), len(prefills), len(prefill_rows), len(prefills) + 1]
+    return MixedSplit(*torch.split(flat, sizes), prefill_max_query_len=max(query_lens))
 
 
 def _reference_views(
