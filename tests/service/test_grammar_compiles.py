@@ -139,7 +139,10 @@ def test_a_request_whose_limit_passes_while_the_worker_starts_is_a_429(tiny_mode
     answers: list[GrammarCompiled] = []
     compiles = GrammarCompiles(store, timeout_s=300.0, answer=answers.append)
     try:
-        eventually_blocking(lambda: compiles.worker is not None, timeout=300)  # spawned at start-up
+        # Spawned at start-up: the worker object exists a moment before its process does.
+        eventually_blocking(
+            lambda: compiles.worker is not None and compiles.worker.pid is not None, timeout=300
+        )
         # That one imports at normal priority (no stream runs yet), then goes idle.
         assert "--imports-first" in compiles.worker._proc.args
         compiles.worker.close()  # as after a kill: the next compile starts another
