@@ -2,12 +2,17 @@
 
 Runs the in-process engine on a random "tiny" Llama (hidden 64, 2 layers, vocabulary 384) on
 the CPU with one torch thread, so that the forward pass is small and the executor's own Python
-shows: applying the plan (block tables, sampling state), building the step's inputs and the
-sampling batch, and turning the sampled ids into result records. Each decode-only step's phase
-times come from the executor's own PhaseTimer; reported as medians over the decode steps.
-Greedy and seeded random sampling (temperature 1, top-p 0.9) are separate workloads.
+shows: filling in the pending inputs of an async-scheduled plan, applying the plan (block
+tables, sampling state), building the step's inputs and the sampling batch, and turning the
+sampled ids into result records. Host work per decode-only step = launch()'s wall time less
+its forward and sampling phases + collect()'s wall time, medians over the decode steps. On a
+CPU it includes the reference backend's own views (padded decode gathers, context mirrors),
+which a GPU step does not build. Greedy and seeded random sampling (temperature 1, top-p 0.9)
+are separate workloads. With --host-only the decode steps skip the model (zeros for its
+output), so that the CPU's caches hold what the host work reads, as on a GPU host; without it
+the CPU forward pass runs between two steps' host work and evicts it.
 
-    .venv/bin/python benchmarks/executor_host_cost.py --compare-ref HEAD~1 \\
+    .venv/bin/python benchmarks/executor_host_cost.py --compare-ref HEAD~1 [--host-only] \\
         --json benchmarks/results/executor_host_cost.json
 
 With --compare-ref the same measurement runs on that git revision too (a worktree), rounds
@@ -23,13 +28,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# No device work in these on a CPU. "records" (the samples into result records) was part of
-# "sync_out" until the executor could collect a step after launching the next one.
-HOST_PHASES = ("cache_ops", "prepare", "sync_out", "records")
+# The host work's two parts (see worker()), then the executor's own phase marks inside them.
+HOST_PHASES = ("launch_host", "collect_host", "cache_ops", "prepare")
 
 
 def worker(args) -> dict:
@@ -51,7 +56,9 @@ def worker(args) -> dict:
         cache=CacheConfig(kv_cache_bytes=int(0.2 * GiB)),
         scheduler=SchedulerConfig(max_num_seqs=args.batch, max_num_batched_tokens=8192),
     )
-    engine = LLMEngine(config)
+    # Async scheduling as on a GPU: decode plans name the previous step's samples as pending
+    # inputs, which the executor fills in (part of its host work) before launching.
+    engine = LLMEngine(config, overlap_steps=not args.no_overlap)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 384) for _ in range(args.input_len)] for _ in range(args.batch)]
     executor = engine.executor
@@ -60,32 +67,48 @@ def worker(args) -> dict:
     def decode_only(plan) -> bool:
         return len(plan.seqs) == args.batch and plan.num_tokens == args.batch
 
-    if hasattr(executor, "launch"):  # launch() and collect(): the step's timings at collect
-        launch, collect = executor.launch, executor.collect
-        decode_steps: set[int] = set()
+    if args.host_only:
+        # On a GPU host the CPU does not run the model between two steps' host work; here it
+        # would, and its pass over the weights and the KV cache evicts what the host work
+        # reads from the CPU's caches. A decode step at the measured batch gets zeros for
+        # its hidden states instead (the same shapes; the samples then carry no meaning).
+        model = executor.model
+        real_forward = model.forward
 
-        def recording_launch(plan):
-            if decode_only(plan):
-                decode_steps.add(plan.step_id)
-            return launch(plan)
+        def forward(input_ids, positions, kv_cache, meta):
+            if input_ids.shape[0] != args.batch or meta.max_query_len != 1:
+                return real_forward(input_ids, positions, kv_cache, meta)
+            return torch.zeros(input_ids.shape[0], model.spec.hidden_size)
 
-        def recording_collect(flight):
-            result = collect(flight)
-            if result.step_id in decode_steps:
-                timings.append(result.timings)
-            return result
+        model.forward = forward
+    # Timed from outside, so that every revision is measured alike: host work is the wall time
+    # of launch() less its device phases (the forward pass and the sampler, which a GPU runs
+    # asynchronously), plus the wall time of collect() (turning the samples into records).
+    launch, collect = executor.launch, executor.collect
+    decode_steps: dict[int, float] = {}
 
-        executor.launch, executor.collect = recording_launch, recording_collect
-    else:  # earlier code: one _execute() per step
-        execute = executor._execute
+    def recording_launch(plan):
+        start = time.perf_counter()
+        flight = launch(plan)
+        if decode_only(plan):
+            decode_steps[plan.step_id] = time.perf_counter() - start
+        return flight
 
-        def recording(plan):
-            result = execute(plan)
-            if decode_only(plan):
-                timings.append(result.timings)
-            return result
+    def recording_collect(flight):
+        start = time.perf_counter()
+        result = collect(flight)
+        wall = time.perf_counter() - start
+        launch_wall = decode_steps.pop(result.step_id, None)
+        if launch_wall is not None:  # a result collected again later is counted once
+            phases = dict(result.timings)
+            device = phases.get("forward", 0.0) + phases.get("sample", 0.0)
+            phases["launch_host"] = launch_wall - device
+            phases["collect_host"] = wall
+            phases["host"] = launch_wall - device + wall
+            timings.append(phases)
+        return result
 
-        executor._execute = recording
+    executor.launch, executor.collect = recording_launch, recording_collect
     out = {"code": str(Path(services.__file__).resolve().parents[1])}
     for name, sampling in (
         ("greedy", SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)),
@@ -100,7 +123,6 @@ def worker(args) -> dict:
         timings.clear()
         engine.generate(prompts, sampling)
         phases = {p: statistics.median(t[p] for t in timings) * 1e3 for p in timings[0]}
-        phases["host"] = sum(phases.get(p, 0.0) for p in HOST_PHASES)
         phases["steps"] = len(timings)
         out[name] = phases
     return out
@@ -116,6 +138,8 @@ def run(root: Path, args) -> dict:
     ]
     argv += ["--batch", str(args.batch), "--input-len", str(args.input_len)]
     argv += ["--output-len", str(args.output_len)]
+    argv += ["--no-overlap"] if args.no_overlap else []
+    argv += ["--host-only"] if args.host_only else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -129,6 +153,14 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--host-only",
+        action="store_true",
+        help="decode steps at the batch size skip the model (zeros): host work alone",
+    )
+    parser.add_argument(
+        "--no-overlap", action="store_true", help="plans without pending inputs (sync scheduling)"
+    )
     parser.add_argument("--compare-ref", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

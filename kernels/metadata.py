@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -147,6 +148,50 @@ def metadata_from_table(
             else host_to_device(torch.tensor(rope_lens), device)[seq_of_token]
         ),
         mixed=None if reference_views else mixed_split(query_lens, device),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def arange_on(n: int, device: torch.device) -> torch.Tensor:
+    """[n] int64 0..n-1 on `device`, made once per size: decode steps need a few per step, and
+    each fresh one is an op (a launch on a GPU). Read-only: callers must not write to it."""
+    return torch.arange(n, device=device)
+
+
+def decode_metadata(
+    start_positions: list[int],
+    starts: torch.Tensor,  # [num_seqs] int64 the same on the device
+    table: torch.Tensor,  # [num_seqs, max_blocks] int64 on the device, any padding
+    block_size: int,
+    reference_views: bool = True,
+) -> AttentionMetadata:
+    """metadata_from_table for a step of one new token per sequence (most decode steps): the
+    token rows are the sequences, so there is nothing to expand, and the positions come with
+    the caller's single upload."""
+    device = table.device
+    num_seqs = len(start_positions)
+    seq_index = arange_on(num_seqs, device)
+    slot_mapping = table[seq_index, starts // block_size] * block_size + starts % block_size
+    seq_lens = starts + 1
+    reference = None
+    if reference_views:
+        max_blocks = -(-(max(start_positions, default=0) + 1) // block_size)
+        positions = torch.arange(max_blocks * block_size, device=device)
+        reference = ReferenceViews(
+            decode_rows=seq_index,
+            decode_blocks=table[:, :max_blocks],
+            decode_mask=(positions[None, :] < seq_lens[:, None])[:, None, None, :],
+            prefills=[],
+        )
+    return AttentionMetadata(
+        slot_mapping=slot_mapping,
+        query_start_loc=arange_on(num_seqs + 1, device),
+        seq_lens=seq_lens,
+        block_tables=table,
+        block_size=block_size,
+        max_query_len=1 if num_seqs else 0,
+        positions=starts,
+        reference=reference,
     )
 
 

@@ -23,9 +23,17 @@ class DeviceBlockTables:
         self._length: dict[int, int] = {}
         self._free = list(range(slots - 1, -1, -1))
         self._writes: list[tuple[int, int, int]] = []  # (slot, column, block id) not yet applied
+        # The last rows() answer, reused while no table has changed (most decode steps).
+        self._last: tuple[list[int], torch.Tensor] | None = None
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._slot
+
+    @property
+    def slots(self) -> dict[int, int]:
+        """seq_id -> its row of the table; read-only (a per-step membership test without a
+        method call per sequence)."""
+        return self._slot
 
     def length(self, seq_id: int) -> int:
         return self._length[seq_id]
@@ -37,6 +45,7 @@ class DeviceBlockTables:
                 self._grow()
             self._slot[seq_id] = self._free.pop()
         self._length[seq_id] = 0
+        self._last = None
 
     def update(self, seq_id: int, block_ids: list[int], replace: bool) -> None:
         if not block_ids and not replace and seq_id in self._slot:
@@ -50,12 +59,14 @@ class DeviceBlockTables:
                 f"more than the {self.max_blocks} a sequence can"
             )
         slot = self._slot[seq_id]
+        self._last = None
         self._writes.extend((slot, start + i, b) for i, b in enumerate(block_ids))
         self._length[seq_id] = start + len(block_ids)
 
     def forget(self, seq_id: int) -> None:
         slot = self._slot.pop(seq_id, None)
         if slot is not None:
+            self._last = None
             self._length.pop(seq_id)
             self._free.append(slot)
             # Writes still queued for it (a step that failed) must not reach its next owner.
@@ -63,6 +74,8 @@ class DeviceBlockTables:
 
     def rows(self, seq_ids: list[int]) -> torch.Tensor:
         """[len(seq_ids), max blocks among them] int64 on the device, after pending writes."""
+        if self._last is not None and self._last[0] == seq_ids:
+            return self._last[1]
         if self._writes:
             # One value per cell: a scatter with repeated indices has no defined winner on a GPU.
             last = {(slot, col): block for slot, col, block in self._writes}
@@ -72,7 +85,9 @@ class DeviceBlockTables:
             self._writes = []
         width = max(max((self._length[s] for s in seq_ids), default=0), 1)
         slots = torch.tensor([self._slot[s] for s in seq_ids], dtype=torch.int64)
-        return self.table[host_to_device(slots, self.device), :width]
+        rows = self.table[host_to_device(slots, self.device), :width]
+        self._last = (list(seq_ids), rows)
+        return rows
 
     def _grow(self) -> None:
         old = self.table.shape[0]

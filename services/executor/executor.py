@@ -314,10 +314,11 @@ class Executor:
             flight.result.num_accepted = accepted
             if flight.prompt is not None:
                 flight.result.prompt_logprobs = flight.prompt.records()
-            for token in tokens:
-                # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
-                if token.seq_id in self.sampling:
-                    self._last_sampled[token.seq_id] = token.token_id
+            # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
+            known = self.sampling.seqs
+            self._last_sampled.update(
+                {token.seq_id: token.token_id for token in tokens if token.seq_id in known}
+            )
         except Exception as exc:  # noqa: BLE001 - as in launch()
             flight.result = self._failure(flight.step_id, exc)
         return flight.result
@@ -397,45 +398,55 @@ class Executor:
         device from that step's sampled ids (the third value). The caller's plan is left as it
         was sent."""
         # A pending token is always a decode's only input: no scan of long prompt chunks.
-        pending = [i for i, s in enumerate(plan.seqs) if s.token_ids[-1:] == [PENDING_TOKEN]]
+        seqs = plan.seqs
+        pending = [i for i, s in enumerate(seqs) if s.token_ids[-1:] == _PENDING]
         if not pending:
             return plan, [], None
         prev = self._latest
-        on_device: set[int] = set()
+        on_device: list[int] = []
         if prev is not None:
-            on_device = {i for i in pending if plan.seqs[i].seq_id in prev.rows}
+            on_device = [i for i in pending if seqs[i].seq_id in prev.rows]
             # Penalties and grammars read token values on the host; the other ranks of a
             # tensor-parallel group get the plan with its tokens: those wait for the copy.
             if on_device and (
                 self.shard.size > 1
-                or not all(self.sampling.plain(plan.seqs[i].seq_id) for i in on_device)
+                or not self.sampling.all_plain([seqs[i].seq_id for i in on_device])
                 # The draft model learns every token from the plans, on the host.
                 or self.draft is not None
             ):
                 self.collect(prev)  # its result waits in the flight for its own collect()
-                on_device = set()
-        seqs = list(plan.seqs)
-        fills = []
-        # Each sequence's first row in the flat batch, for the device copies.
-        flat = (
-            list(itertools.accumulate((len(s.token_ids) for s in seqs), initial=0))
-            if on_device
-            else []
-        )
+                on_device = []
         for i in pending:
-            seq = seqs[i]
-            if len(seq.token_ids) != 1:
-                raise ValueError(f"sequence {seq.seq_id}: a pending input beside others")
-            if i in on_device:
-                token = 0  # overwritten on the device before the forward pass
-                fills.append((flat[i], prev.rows[seq.seq_id]))
-            elif seq.seq_id in self._last_sampled:
-                token = self._last_sampled[seq.seq_id]
+            if len(seqs[i].token_ids) != 1:
+                raise ValueError(f"sequence {seqs[i].seq_id}: a pending input beside others")
+        fills = []
+        if on_device:
+            # Each sequence's first row in the flat batch, for the device copies; these entries
+            # keep PENDING_TOKEN as their token on the host (overwritten on the device before the
+            # forward pass), so most steps copy no entry of the plan.
+            if len(pending) == len(seqs):  # a decode-only plan: row i is sequence i
+                flat = range(len(seqs))
             else:
-                raise ValueError(f"sequence {seq.seq_id}: no sampled token for its input")
-            seqs[i] = dataclasses.replace(seq, token_ids=[token])
+                flat = list(itertools.accumulate((len(s.token_ids) for s in seqs), initial=0))
+            rows = prev.rows
+            sources = [rows[seqs[i].seq_id] for i in on_device]
+            if len(sources) == len(prev.draws) == len(seqs) and sources == list(flat):
+                # The same sequences in the same order as the step before (most decode
+                # steps): its sampled ids are this step's inputs as they stand.
+                fills = ALL_INPUTS
+            else:
+                fills = [(flat[i], row) for i, row in zip(on_device, sources)]
+        host = [i for i in pending if not on_device or seqs[i].seq_id not in prev.rows]
+        if host:
+            seqs = list(seqs)
+            for i in host:
+                seq = seqs[i]
+                if seq.seq_id not in self._last_sampled:
+                    raise ValueError(f"sequence {seq.seq_id}: no sampled token for its input")
+                seqs[i] = dataclasses.replace(seq, token_ids=[self._last_sampled[seq.seq_id]])
+            plan = dataclasses.replace(plan, seqs=seqs)
         source = prev.device_tokens if fills else None
-        return dataclasses.replace(plan, seqs=seqs), fills, source
+        return plan, fills, source
 
     def _execute(self, plan: StepPlan) -> StepResult:
         """Ranks 1..: one plan, start to end."""
@@ -445,7 +456,7 @@ class Executor:
     def _launch(
         self,
         plan: StepPlan,
-        fills: list[tuple[int, int]],  # (flat input row, row of source)
+        fills: list[tuple[int, int]],  # (flat input row, row of source), or ALL_INPUTS
         source: torch.Tensor | None,  # [previous step's draws] int64 sampled ids on the device
     ) -> StepInFlight:
         timer = PhaseTimer(self.device)
@@ -453,20 +464,20 @@ class Executor:
         self.cache.apply(plan.swap_out, plan.swap_in, plan.copies)
         if self.draft is not None and driver:
             self.draft.apply(plan.swap_out, plan.swap_in, plan.copies)
+        tables, known = self.block_tables, self.block_tables.slots
         for seq in plan.seqs:
-            if seq.seq_id not in self.block_tables:
+            new = seq.seq_id not in known
+            if new:
                 if seq.sampling is None:
                     raise ValueError(
                         f"plan schedules unknown sequence {seq.seq_id} without sampling"
                     )
                 if driver:
                     self.sampling.add(seq.seq_id, seq.sampling, seq.sample_index, seq.prompt_len)
-            self.block_tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
-            if driver:
-                # Proposed tokens are not the sequence's until verified: the next plan feeds
-                # the accepted ones.
-                real = seq.token_ids[: len(seq.token_ids) - seq.num_spec_tokens]
-                self.sampling.observe(seq.seq_id, real, seq.start_pos, seq.sample)
+            if new or seq.block_ids or seq.replace_table:  # most decodes: the table stands
+                tables.update(seq.seq_id, seq.block_ids, seq.replace_table)
+        if driver:
+            self.sampling.observe_plan(plan.seqs)
         timer.mark("cache_ops")
         if not plan.seqs:  # cache moves only: collect() reads the timer once they are done
             timer.mark("sync_out")
@@ -487,12 +498,17 @@ class Executor:
             self.cache.block_size,
             reference_views=self.ops.name == "torch",
             mirrors=None if self.mirrors is None else self.mirrors.for_step(plan.seqs, tables),
+            ids_on_device=fills is ALL_INPUTS,
         )
         draws = []
         spec: list[SpecRows] = []
         sampling_seqs = [seq for seq in plan.seqs if seq.sample]
         row = 0  # logits row of the sequence's (first) draw
-        for seq in sampling_seqs:
+        # Most steps: one draw per sampling sequence, on its own logits row, and no loop below.
+        one_each = not any(s.fork_seq_ids or s.num_spec_tokens for s in sampling_seqs)
+        if one_each and driver:
+            draws = [Draw(i, s.seq_id) for i, s in enumerate(sampling_seqs)]
+        for seq in [] if one_each else sampling_seqs:
             for index, child_id in enumerate(seq.fork_seq_ids, start=1):
                 # Known from now on; its first plan entry carries its whole table.
                 self.block_tables.register(child_id)
@@ -521,7 +537,10 @@ class Executor:
         batch = self.sampling.build(draws) if draws else None
         if batch is not None and any(r.draft_probs is not None for r in spec):
             batch.want_filtered = True
-        if fills:  # inputs the previous step is still sampling: read from its device tensor
+        # Inputs the previous step is still sampling: read from its device tensor.
+        if fills is ALL_INPUTS:
+            inputs.input_ids.copy_(source)
+        elif fills:
             at, rows = host_to_device(torch.tensor(fills, dtype=torch.int64).T, self.device)
             inputs.input_ids[at] = source[rows]
         timer.mark("prepare")
@@ -560,6 +579,11 @@ class Executor:
         # between now and its collect() (the next step, launched meanwhile) is not its own.
         timer.mark("sync_out")
         return flight
+
+
+_PENDING = [PENDING_TOKEN]
+# fills meaning: input row i is row i of the previous step's sampled ids, for every row.
+ALL_INPUTS: list[tuple[int, int]] = [(-1, -1)]
 
 
 def _own_tokens(seq: ScheduledSeq) -> ScheduledSeq:

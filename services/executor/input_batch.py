@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.metadata import AttentionMetadata, host_to_device, metadata_from_table
+from kernels.metadata import (
+    AttentionMetadata,
+    arange_on,
+    decode_metadata,
+    host_to_device,
+    metadata_from_table,
+)
 from shared.protocol import ScheduledSeq
 
 
@@ -28,9 +34,12 @@ def build_inputs(
     block_size: int,
     reference_views: bool,
     mirrors: list[torch.Tensor | None] | None = None,  # [len(seqs)] PrefillSpan.mirror
+    ids_on_device: bool = False,  # one token each, all still on the device: written later
 ) -> ModelInputs:
     """Host work: concatenate the token ids, list the lengths; the rest is built on the device."""
     device = table.device
+    if mirrors is None and all(len(s.token_ids) == 1 and s.rope_len is None for s in seqs):
+        return _one_token_each(seqs, table, block_size, reference_views, ids_on_device)
     input_ids = list(itertools.chain.from_iterable(s.token_ids for s in seqs))
     attention = metadata_from_table(
         [len(s.token_ids) for s in seqs],
@@ -53,4 +62,36 @@ def build_inputs(
         positions=attention.positions,
         attention=attention,
         logits_rows=host_to_device(torch.tensor(rows, dtype=torch.int64), device),
+    )
+
+
+def _one_token_each(
+    seqs: list[ScheduledSeq],
+    table: torch.Tensor,  # [len(seqs), max_blocks] int64 on the device
+    block_size: int,
+    reference_views: bool,
+    ids_on_device: bool,
+) -> ModelInputs:
+    """build_inputs for a step of decodes alone (most steps): token ids and positions in one
+    upload (positions alone when the ids are the previous step's samples, still on the
+    device), the rows being the sequences themselves."""
+    device = table.device
+    starts = [s.start_pos for s in seqs]
+    if ids_on_device:
+        input_ids = torch.empty(len(seqs), dtype=torch.int64, device=device)
+        positions = host_to_device(torch.tensor(starts, dtype=torch.int64), device)
+    else:
+        token_ids = [s.token_ids[0] for s in seqs]
+        input_ids, positions = host_to_device(torch.tensor([token_ids, starts]), device)
+    rows = [i for i, s in enumerate(seqs) if s.sample]
+    if len(rows) < len(seqs):  # not every sequence samples: its own upload (rare)
+        logits_rows = host_to_device(torch.tensor(rows, dtype=torch.int64), device)
+    else:
+        logits_rows = arange_on(len(seqs), device)
+    attention = decode_metadata(starts, positions, table, block_size, reference_views)
+    return ModelInputs(
+        input_ids=input_ids,
+        positions=attention.positions,
+        attention=attention,
+        logits_rows=logits_rows,
     )

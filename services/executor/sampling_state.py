@@ -11,14 +11,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from kernels.metadata import host_to_device
-from services.executor.counter_rng import position_key, sample_key
+from services.executor.counter_rng import position_keys, sample_key
 from services.executor.sampler import PenaltyInputs, SamplerOutput, SamplingBatch
-from shared.protocol import SampledToken
+from shared.protocol import SampledToken, ScheduledSeq
 from shared.sampling import SamplingParams
 
 
@@ -59,15 +60,32 @@ class LogitBias:
 DENSE_BIAS_DIVISOR = 8
 
 
-@dataclass
-class Draw:
-    """One token to draw this step."""
+class Draw(NamedTuple):
+    """One token to draw this step (a tuple: a step's list of them compares in C, see build)."""
 
     logits_row: int
     seq_id: int
     # Speculative decoding: the draw at the i-th verified row is i outputs further on (its key's
     # position), as the plain draw of that token would be.
     offset: int = 0
+
+
+@dataclass
+class _Layout:
+    """The fixed part of a step's SamplingBatch, kept for the next step with the same draws."""
+
+    draws: list[Draw]
+    generation: int  # SamplingStates._generation when built
+    states: list[SeqSampling]  # per draw
+    batch: SamplingBatch  # rng_keys all zero; penalties, edits and grammar not added
+    zero_keys: torch.Tensor  # [B] int64 on the device
+    random_rows: list[int]  # draws that are not greedy: they need keys
+    random_index: torch.Tensor  # [R] int64 the same, on the host
+    sample_keys: np.ndarray  # [R] uint64 their sample keys
+    special: bool  # some row has penalties, a bias, min_tokens or a grammar
+
+
+_MASK64 = (1 << 64) - 1
 
 
 class PenaltyTable:
@@ -136,6 +154,11 @@ class SamplingStates:
         self._make_bitmask: Callable[[int], torch.Tensor] | None = None
         self._pending_prompt: list[tuple[int, int]] = []
         self._pending_outputs: list[tuple[int, int]] = []
+        # Bumped whenever a sequence is added, forked or forgotten: a cached layout names
+        # state objects, valid only while none of them has been replaced.
+        self._generation = 0
+        self._layout: _Layout | None = None
+        self._num_tracked = 0  # sequences with penalty counts or a grammar matcher
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -155,10 +178,13 @@ class SamplingStates:
             state.bias = self._logit_bias(params.logit_bias)
         if params.guided is not None:
             state.matcher = self._make_matcher(seq_id, params.guided)
-        self.seqs[seq_id] = state
+        self._put(seq_id, state)
 
     def forget(self, seq_id: int) -> None:
         state = self.seqs.pop(seq_id, None)
+        self._generation += 1
+        if state is not None:
+            self._num_tracked -= _tracks_tokens(state)
         if state is not None and state.penalty_slot is not None:
             self._flush()  # queued pairs of this slot must land before it is cleared and reused
             self.penalties.release(state.penalty_slot)
@@ -173,7 +199,15 @@ class SamplingStates:
             self.penalties.copy(parent.penalty_slot, child.penalty_slot)
         if parent.matcher is not None:
             child.matcher = parent.matcher.fork()
-        self.seqs[child_id] = child
+        self._put(child_id, child)
+
+    def _put(self, seq_id: int, state: SeqSampling) -> None:
+        old = self.seqs.get(seq_id)
+        if old is not None:
+            self._num_tracked -= _tracks_tokens(old)
+        self.seqs[seq_id] = state
+        self._num_tracked += _tracks_tokens(state)
+        self._generation += 1
 
     def observe(self, seq_id: int, token_ids: list[int], start_pos: int, samples: bool) -> None:
         """Record the tokens a plan feeds a sequence (prompt chunks, recompute, last token)."""
@@ -199,13 +233,51 @@ class SamplingStates:
                     state.matcher.accept_token(token)
             state.num_seen = end
 
+    def observe_plan(self, seqs: list[ScheduledSeq]) -> None:
+        """observe() for every entry of a plan, in one pass. Proposed tokens are not the
+        sequence's until verified: the next plan feeds the accepted ones."""
+        states = self.seqs
+        for seq in seqs:
+            state = states[seq.seq_id]
+            k = seq.num_spec_tokens
+            end = seq.start_pos + len(seq.token_ids) - k
+            if _plain(state):  # most entries: only the count of tokens seen moves
+                if end > state.num_seen:
+                    state.num_seen = end
+            else:
+                real = seq.token_ids[:-k] if k else seq.token_ids
+                self.observe(seq.seq_id, real, seq.start_pos, seq.sample)
+
     def _flush(self) -> None:
         self.penalties.record(self._pending_prompt, self._pending_outputs)
         self._pending_prompt, self._pending_outputs = [], []
 
     def build(self, draws: list[Draw]) -> SamplingBatch:
-        """The step's per-row parameters as device tensors."""
+        """The step's per-row parameters as device tensors. Most decode steps draw for the same
+        rows as the step before: their fixed part (parameters, rows, flags) is then reused and
+        only the draw keys are new (vLLM keeps a persistent batch for the same reason)."""
         self._flush()
+        layout = self._layout
+        if layout is None or layout.generation != self._generation or layout.draws != draws:
+            layout = self._layout = self._new_layout(draws)
+        states = layout.states
+        rng_keys = layout.zero_keys
+        if layout.random_rows:
+            positions = [states[i].num_outputs + draws[i].offset for i in layout.random_rows]
+            keys = position_keys(layout.sample_keys, positions)
+            if len(layout.random_rows) < len(draws):
+                keys = torch.zeros(len(draws), dtype=torch.int64).index_copy_(
+                    0, layout.random_index, keys
+                )
+            rng_keys = host_to_device(keys, self.device)
+        batch = replace(layout.batch, rng_keys=rng_keys)
+        if layout.special:  # penalties, biases, min_tokens or grammars: built every step
+            self._add_penalties(batch, states)
+            self._add_edits(batch, states)
+            self._add_grammar(batch, states)
+        return batch
+
+    def _new_layout(self, draws: list[Draw]) -> _Layout:
         states = [self.seqs[d.seq_id] for d in draws]
         params = [s.params for s in states]
         vocab = self.vocab_size
@@ -219,20 +291,12 @@ class SamplingStates:
             ],
             dtype=torch.float32,
         )
-        ints = torch.tensor(
-            [
-                [d.logits_row for d in draws],
-                top_k,
-                # Greedy rows draw nothing: their keys are never read.
-                [
-                    0 if p.greedy else position_key(s.key, s.num_outputs + d.offset)
-                    for p, s, d in zip(params, states, draws)
-                ],
-            ],
-            dtype=torch.int64,
-        )
+        ints = torch.tensor([[d.logits_row for d in draws], top_k], dtype=torch.int64)
         floats, ints = host_to_device(floats, self.device), host_to_device(ints, self.device)
         asked = [p.num_top_logprobs(self.eos_token_ids) for p in params if p.wants_logprob]
+        # Greedy rows draw nothing: their keys are never read.
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        zeros = torch.zeros(len(draws), dtype=torch.int64)
         batch = SamplingBatch(
             logits_rows=ints[0],
             rows_identity=all(d.logits_row == i for i, d in enumerate(draws)),
@@ -241,17 +305,31 @@ class SamplingStates:
             max_top_k=max(used_k, default=1),
             top_p=floats[1],
             min_p=floats[2],
-            rng_keys=ints[2],
-            all_greedy=all(p.greedy for p in params),
+            rng_keys=host_to_device(zeros, self.device),
+            all_greedy=not random_rows,
             use_top_k=bool(used_k),
             use_top_p=any(p.top_p < 1.0 for p in params),
             use_min_p=any(p.min_p > 0.0 for p in params),
             num_logprobs=min(max(asked), vocab) if asked else -1,
         )
-        self._add_penalties(batch, states)
-        self._add_edits(batch, states)
-        self._add_grammar(batch, states)
-        return batch
+        special = any(
+            s.penalty_slot is not None
+            or s.bias is not None
+            or s.matcher is not None
+            or s.params.min_tokens > 0
+            for s in states
+        )
+        return _Layout(
+            draws=list(draws),
+            generation=self._generation,
+            states=states,
+            batch=batch,
+            zero_keys=batch.rng_keys,
+            random_rows=random_rows,
+            random_index=torch.tensor(random_rows, dtype=torch.int64),
+            sample_keys=np.array([states[i].key & _MASK64 for i in random_rows], np.uint64),
+            special=special,
+        )
 
     def _add_penalties(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
         rows = [i for i, s in enumerate(states) if s.penalty_slot is not None]
@@ -341,6 +419,13 @@ class SamplingStates:
         only positions, so its input may still be on the device when the step is prepared."""
         return _plain(self.seqs[seq_id])
 
+    def all_plain(self, seq_ids: list[int]) -> bool:
+        """plain() for each of sequences that drew in the previous step (so their prompt
+        length is known): no look at each one while no sequence has penalties or a grammar."""
+        if not self._num_tracked:
+            return True
+        return all(_plain(self.seqs[seq_id]) for seq_id in seq_ids)
+
     def results(self, draws: list[Draw], output: SamplerOutput) -> list[SampledToken]:
         """Copy the step's draws to the host and wait for them, as records."""
         copy = start_copy(output)
@@ -377,6 +462,10 @@ class SamplingStates:
                     token.top_logprobs = list(zip(top_ids[i][:k], top_values[i][:k]))
             tokens.append(token)
         return tokens
+
+
+def _tracks_tokens(state: SeqSampling) -> bool:
+    return state.penalty_slot is not None or state.matcher is not None
 
 
 def _plain(state: SeqSampling) -> bool:

@@ -33,3 +33,18 @@ def test_a_forgotten_sequence_queued_writes_never_reach_the_next_owner():
     tables.update(2, [3], replace=True)  # replaced again before the next step: last one wins
     assert tables.rows([2]).tolist() == [[3]]
     assert tables.table[0, :3].tolist() == [3, 0, 0]
+
+
+def test_rows_are_reused_until_a_table_changes():
+    tables = DeviceBlockTables(max_blocks_per_seq=4, device=torch.device("cpu"), slots=2)
+    tables.update(1, [5], replace=True)
+    tables.update(2, [6], replace=True)
+    first = tables.rows([1, 2])
+    tables.update(1, [], replace=False)  # a decode whose last block has room
+    assert tables.rows([1, 2]) is first  # the same gather: nothing changed
+    assert tables.rows([2, 1]).tolist() == [[6], [5]]  # other rows, other answer
+    tables.update(2, [8], replace=False)
+    assert tables.rows([1, 2]).tolist() == [[5, 0], [6, 8]]
+    tables.forget(2)
+    tables.update(3, [9], replace=True)  # 2's slot, a new owner
+    assert tables.rows([1, 3]).tolist() == [[5], [9]]
