@@ -176,7 +176,7 @@ def decode_metadata(
     reference = None
     if reference_views:
         max_blocks = -(-(max(start_positions, default=0) + 1) // block_size)
-        positions = torch.arange(max_blocks * block_size, device=device)
+        positions = arange_on(max_blocks * block_size, device)
         reference = ReferenceViews(
             decode_rows=seq_index,
             decode_blocks=table[:, :max_blocks],

@@ -406,11 +406,12 @@ class Executor:
         on_device: list[int] = []
         if prev is not None:
             on_device = [i for i in pending if seqs[i].seq_id in prev.rows]
-            # Penalties and grammars read token values on the host; the other ranks of a
-            # tensor-parallel group get the plan with its tokens: those wait for the copy.
+            # Grammars read token values on the host (penalty counts take them on the
+            # device); the other ranks of a tensor-parallel group get the plan with its
+            # tokens: those wait for the copy.
             if on_device and (
                 self.shard.size > 1
-                or not self.sampling.all_plain([seqs[i].seq_id for i in on_device])
+                or self.sampling.any_grammar([seqs[i].seq_id for i in on_device])
                 # The draft model learns every token from the plans, on the host.
                 or self.draft is not None
             ):
@@ -436,7 +437,10 @@ class Executor:
                 fills = ALL_INPUTS
             else:
                 fills = [(flat[i], row) for i, row in zip(on_device, sources)]
-        host = [i for i in pending if not on_device or seqs[i].seq_id not in prev.rows]
+        if len(on_device) == len(pending):
+            host = []
+        else:
+            host = [i for i in pending if not on_device or seqs[i].seq_id not in prev.rows]
         if host:
             seqs = list(seqs)
             for i in host:
@@ -534,15 +538,17 @@ class Executor:
                 draws.append(Draw(row, seq.seq_id))
                 draws.extend(Draw(row, child_id) for child_id in seq.fork_seq_ids)
             row += k + 1
-        batch = self.sampling.build(draws) if draws else None
-        if batch is not None and any(r.draft_probs is not None for r in spec):
-            batch.want_filtered = True
         # Inputs the previous step is still sampling: read from its device tensor.
         if fills is ALL_INPUTS:
             inputs.input_ids.copy_(source)
         elif fills:
             at, rows = host_to_device(torch.tensor(fills, dtype=torch.int64).T, self.device)
             inputs.input_ids[at] = source[rows]
+        if driver:  # penalty counts of those inputs, on the device too, before the draws
+            self.sampling.count_device_outputs(inputs.input_ids, plan.seqs)
+        batch = self.sampling.build(draws) if draws else None
+        if batch is not None and any(r.draft_probs is not None for r in spec):
+            batch.want_filtered = True
         timer.mark("prepare")
         with torch.inference_mode():
             decode_only = inputs.attention.max_query_len == 1 and len(sampling_seqs) == len(

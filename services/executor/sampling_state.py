@@ -8,6 +8,7 @@ seen are skipped by position) and need no extra messages.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,7 @@ import torch
 from kernels.metadata import host_to_device
 from services.executor.counter_rng import position_keys, sample_key
 from services.executor.sampler import PenaltyInputs, SamplerOutput, SamplingBatch
-from shared.protocol import SampledToken, ScheduledSeq
+from shared.protocol import PENDING_TOKEN, SampledToken, ScheduledSeq
 from shared.sampling import SamplingParams
 
 
@@ -119,6 +120,11 @@ class PenaltyTable:
         self.output_counts[dst] = self.output_counts[src]
         self.prompt_mask[dst] = self.prompt_mask[src]
 
+    def record_on_device(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Add one output each: [N] int64 slots, [N] int64 token ids already on the device."""
+        ones = torch.ones(slots.shape[0], dtype=torch.int32, device=self.device)
+        self.output_counts.index_put_((slots, tokens), ones, accumulate=True)
+
     def record(self, prompt: list[tuple[int, int]], outputs: list[tuple[int, int]]) -> None:
         """Add (slot, token) pairs: one scatter per kind per step."""
         if prompt:
@@ -158,7 +164,10 @@ class SamplingStates:
         # state objects, valid only while none of them has been replaced.
         self._generation = 0
         self._layout: _Layout | None = None
-        self._num_tracked = 0  # sequences with penalty counts or a grammar matcher
+        self._num_matchers = 0  # sequences with a grammar matcher (they read token values)
+        # (penalty slot, seq_id) of outputs fed as PENDING_TOKEN: still on the device, counted
+        # there by count_device_outputs() once the step's inputs are filled in.
+        self._device_outputs: list[tuple[int, int]] = []
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -184,7 +193,7 @@ class SamplingStates:
         state = self.seqs.pop(seq_id, None)
         self._generation += 1
         if state is not None:
-            self._num_tracked -= _tracks_tokens(state)
+            self._num_matchers -= state.matcher is not None
         if state is not None and state.penalty_slot is not None:
             self._flush()  # queued pairs of this slot must land before it is cleared and reused
             self.penalties.release(state.penalty_slot)
@@ -204,9 +213,9 @@ class SamplingStates:
     def _put(self, seq_id: int, state: SeqSampling) -> None:
         old = self.seqs.get(seq_id)
         if old is not None:
-            self._num_tracked -= _tracks_tokens(old)
+            self._num_matchers -= old.matcher is not None
         self.seqs[seq_id] = state
-        self._num_tracked += _tracks_tokens(state)
+        self._num_matchers += state.matcher is not None
         self._generation += 1
 
     def observe(self, seq_id: int, token_ids: list[int], start_pos: int, samples: bool) -> None:
@@ -227,6 +236,9 @@ class SamplingStates:
             slot = state.penalty_slot
             if slot is not None:
                 self._pending_prompt.extend((slot, t) for t in prompt)
+                if outputs[-1:] == [PENDING_TOKEN]:  # sampled last step, still on the device
+                    self._device_outputs.append((slot, seq_id))
+                    outputs = outputs[:-1]
                 self._pending_outputs.extend((slot, t) for t in outputs)
             if state.matcher is not None:
                 for token in outputs:
@@ -237,6 +249,7 @@ class SamplingStates:
         """observe() for every entry of a plan, in one pass. Proposed tokens are not the
         sequence's until verified: the next plan feeds the accepted ones."""
         states = self.seqs
+        self._device_outputs = []  # a failed step's, if any: they belong to its plan alone
         for seq in seqs:
             state = states[seq.seq_id]
             k = seq.num_spec_tokens
@@ -419,12 +432,27 @@ class SamplingStates:
         only positions, so its input may still be on the device when the step is prepared."""
         return _plain(self.seqs[seq_id])
 
-    def all_plain(self, seq_ids: list[int]) -> bool:
-        """plain() for each of sequences that drew in the previous step (so their prompt
-        length is known): no look at each one while no sequence has penalties or a grammar."""
-        if not self._num_tracked:
-            return True
-        return all(_plain(self.seqs[seq_id]) for seq_id in seq_ids)
+    def any_grammar(self, seq_ids: list[int]) -> bool:
+        """Whether one of these sequences has a grammar matcher, which must see each token's
+        value on the host before the next draw (penalty counts are kept on the device: see
+        count_device_outputs). No look at each one while no sequence has a grammar."""
+        if not self._num_matchers:
+            return False
+        return any(self.seqs[seq_id].matcher is not None for seq_id in seq_ids)
+
+    def count_device_outputs(self, input_ids: torch.Tensor, seqs: list[ScheduledSeq]) -> None:
+        """Count the outputs observed as PENDING_TOKEN from the step's inputs, on the device:
+        input_ids [num_tokens] int64 with the pending ones filled in, seqs the plan's entries
+        in the same order (a pending token is its entry's only input)."""
+        if not self._device_outputs:
+            return
+        starts = itertools.accumulate((len(s.token_ids) for s in seqs), initial=0)
+        row_of = {s.seq_id: row for s, row in zip(seqs, starts)}
+        slots = [slot for slot, _ in self._device_outputs]
+        rows = [row_of[seq_id] for _, seq_id in self._device_outputs]
+        self._device_outputs = []
+        both = host_to_device(torch.tensor([slots, rows], dtype=torch.int64), self.device)
+        self.penalties.record_on_device(both[0], input_ids[both[1]])
 
     def results(self, draws: list[Draw], output: SamplerOutput) -> list[SampledToken]:
         """Copy the step's draws to the host and wait for them, as records."""
@@ -462,10 +490,6 @@ class SamplingStates:
                     token.top_logprobs = list(zip(top_ids[i][:k], top_values[i][:k]))
             tokens.append(token)
         return tokens
-
-
-def _tracks_tokens(state: SeqSampling) -> bool:
-    return state.penalty_slot is not None or state.matcher is not None
 
 
 def _plain(state: SeqSampling) -> bool:

@@ -212,3 +212,77 @@ def test_a_step_launched_behind_one_in_flight_reads_its_inputs_on_the_device(tin
     assert all(r.error is None for r in (result0, flight1.result, flight2.result))
     assert got == expected
     assert 3 not in executor.sampling.seqs and 3 not in executor._last_sampled
+
+
+def test_penalised_sequences_stay_overlapped_with_their_counts_kept_on_the_device(tiny_model_dir):
+    # A sequence with penalties used to make the executor wait for the step in flight (its
+    # counts read the sampled token on the host). Now the token is counted on the device from
+    # the filled-in inputs: step N+1 launches without collecting N, and every draw equals
+    # running the plans one after the other.
+    from shared.protocol import ScheduledSeq, StepPlan
+
+    strong = SamplingParams(
+        max_tokens=8, temperature=0.0, frequency_penalty=2.0, presence_penalty=1.0
+    )
+    repeat = SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=3.0)
+    seeded = SamplingParams(max_tokens=8, temperature=1.0, seed=3, frequency_penalty=1.5)
+
+    def plans() -> list[StepPlan]:
+        out = [
+            StepPlan(
+                0,
+                [
+                    ScheduledSeq(1, [3, 4, 5], 0, [1], True, True, sampling=strong),
+                    ScheduledSeq(2, [6, 7, 8, 9], 0, [2], True, True, sampling=repeat),
+                    ScheduledSeq(3, [10, 11], 0, [3], True, True, sampling=seeded),
+                ],
+            )
+        ]
+        for step in range(1, 6):
+            entries = [(1, 3), (2, 4), (3, 2)]
+            seqs = [
+                ScheduledSeq(i, [PENDING_TOKEN], n + step - 1, [], False, True) for i, n in entries
+            ]
+            out.append(StepPlan(step, seqs))
+        return out
+
+    serial = LLMEngine(engine_config(tiny_model_dir)).executor
+    expected = [serial.execute(plan).tokens for plan in plans()]
+
+    executor = LLMEngine(engine_config(tiny_model_dir)).executor
+    collected_inside_launch = []
+    launch, collect = executor.launch, executor.collect
+    inside = [False]
+
+    def watched_collect(flight):
+        if inside[0]:
+            collected_inside_launch.append(flight.step_id)
+        return collect(flight)
+
+    def watched_launch(plan):
+        inside[0] = True
+        try:
+            return launch(plan)
+        finally:
+            inside[0] = False
+
+    executor.collect = watched_collect
+    flights, got = [], []
+    for plan in plans():
+        flights.append(watched_launch(plan))
+        if len(flights) == 2:  # keep one step in flight behind the newest
+            got.append(executor.collect(flights.pop(0)).tokens)
+    got.append(executor.collect(flights.pop(0)).tokens)
+    assert collected_inside_launch == []
+    assert got == expected
+    # The counts are the generated tokens, each once (none doubled, none lost).
+    generated = {1: [], 2: [], 3: []}
+    for tokens in expected[:-1]:  # the last step's draws are not fed back yet
+        for t in tokens:
+            generated[t.seq_id].append(t.token_id)
+    for seq_id, tokens in generated.items():
+        slot = executor.sampling.seqs[seq_id].penalty_slot
+        counts = executor.sampling.penalties.output_counts[slot]
+        assert int(counts.sum()) == len(tokens)
+        for token in set(tokens):
+            assert int(counts[token]) == tokens.count(token)
