@@ -79,7 +79,12 @@ def uniform(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     [rows, vocab] int64 buffer and one scratch buffer: fresh multi-megabyte tensors per op
     would cost more in page faults than the arithmetic on a CPU.
     """
-    z = _vocab_offsets(vocab_size, keys.device)[None, :] + keys[:, None]
+    return _counters_to_uniform_(_vocab_offsets(vocab_size, keys.device)[None, :] + keys[:, None])
+
+
+def _counters_to_uniform_(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 counters (in place), then their top 23 bits as fp32
+    uniforms in (0, 1)."""
     scratch = torch.empty_like(z)
     _xorshift_(z, 30, scratch)
     z.mul_(_signed(_MIX1))
@@ -89,6 +94,13 @@ def uniform(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     torch.bitwise_right_shift(z, 41, out=scratch)
     scratch.bitwise_and_((1 << 23) - 1)
     return scratch.to(torch.float32).add_(0.5).mul_(1.0 / (1 << 23))
+
+
+def gumbel_at(keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """[num_rows] int64 keys, [num_rows, C] int64 vocabulary ids -> [num_rows, C] the Gumbel
+    noise gumbel(keys, vocab) holds at those ids (the same bits), without the other columns."""
+    counters = (token_ids + 1).mul_(_signed(_GOLDEN)).add_(keys[:, None])
+    return _counters_to_uniform_(counters).log_().neg_().log_().neg_()
 
 
 def gumbel(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.executor.counter_rng import gumbel
+from services.executor.counter_rng import gumbel, gumbel_at
 
 
 @dataclass
@@ -59,6 +59,9 @@ class SamplingBatch:
     grammar_rows: list[int] | None = None
     # Speculative decoding with draft probabilities: keep the logits each row raced over.
     want_filtered: bool = False
+    # Every row that draws keeps only some tokens (top_k < vocab or top_p < 1): the draws may
+    # race over each row's best candidates instead of the whole vocabulary (see _draw).
+    every_row_filtered: bool = False
 
 
 @dataclass
@@ -174,6 +177,14 @@ def _draw(
         # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed.
         threshold = logits.max(dim=-1, keepdim=True).values + torch.log(batch.min_p)[:, None]
         logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if (
+        batch.every_row_filtered
+        and not batch.want_filtered
+        and not logits.is_cuda  # the fallback below asks the host which rows need it
+        and CANDIDATE_TIERS[0] < vocab
+    ):
+        drawn = _draw_from_candidates(logits, batch, vocab)
+        return torch.where(greedy_rows, greedy_ids, drawn), None
     if batch.use_top_p:
         logits = _top_k_top_p(logits, batch.top_k, batch.top_p)
     elif batch.use_top_k:
@@ -187,6 +198,57 @@ def _draw(
     if batch.want_filtered:
         filtered = torch.where(greedy_rows[:, None], processed, logits)
     return torch.where(greedy_rows, greedy_ids, drawn), filtered
+
+
+# Candidates per row for top-k/top-p draws: a top-k of the first count (or the batch's largest
+# top_k) instead of sorting the vocabulary, which on a CPU costs several times more (49,152
+# tokens: benchmarks/sampling_candidates.py); rows whose nucleus reaches past them try the
+# next count, then the sort.
+CANDIDATE_TIERS = (256, 4096)
+
+
+def _draw_from_candidates(
+    logits: torch.Tensor,  # [B, vocab] fp32, temperature-scaled, min-p applied
+    batch: SamplingBatch,
+    vocab: int,
+) -> torch.Tensor:  # [B] int64 drawn ids (greedy rows' are discarded by the caller)
+    """The draw of _top_k_top_p and the Gumbel race, from each row's best candidates alone.
+
+    A row with top_k keeps at most top_k tokens, all among its candidates. A row with top_p
+    alone keeps the tokens whose preceding mass (under its whole softmax) is at most top_p: if
+    its candidates' mass exceeds top_p, every token past them is dropped, so the candidates
+    decide the draw; otherwise (a flat distribution) the row tries more candidates, and at
+    last the sort of its whole vocabulary. The noise at a candidate is the noise that token
+    gets in the full race (gumbel_at), so the draws are the same tokens.
+    """
+    drawn = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    max_k = batch.max_top_k if batch.use_top_k else 0
+    # Greedy rows never draw: they need no candidates.
+    rows = rows[batch.temperature > 0]
+    for count in CANDIDATE_TIERS:
+        count = max(count, max_k)
+        if count >= vocab or not rows.numel():
+            break
+        keys, top_k, top_p = batch.rng_keys[rows], batch.top_k[rows], batch.top_p[rows]
+        part = logits[rows]
+        values, ids = part.topk(count, dim=-1)  # [R, count], descending
+        rank = torch.arange(count, device=logits.device)[None, :]
+        values.masked_fill_(rank >= top_k[:, None], float("-inf"))
+        has_k = top_k < vocab
+        # Each row's softmax: over its top-k (all candidates) or over the whole vocabulary.
+        lse = torch.where(has_k, values.logsumexp(dim=-1), part.logsumexp(dim=-1))
+        probs = (values - lse[:, None]).exp_()
+        mass = probs.cumsum(dim=-1)
+        values.masked_fill_(mass - probs > top_p[:, None], float("-inf"))
+        best = (values + gumbel_at(keys, ids)).argmax(dim=-1, keepdim=True)
+        decided = has_k | (mass[:, -1] > top_p)  # the host reads this: a CPU path
+        drawn[rows[decided]] = ids.gather(1, best).squeeze(1)[decided]
+        rows = rows[~decided]
+    if rows.numel():  # nuclei past every tier: the sort of the whole vocabulary
+        full = _top_k_top_p(logits[rows], batch.top_k[rows], batch.top_p[rows])
+        drawn[rows] = (full + gumbel(batch.rng_keys[rows], vocab)).argmax(dim=-1)
+    return drawn
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -324,6 +324,8 @@ class SamplingStates:
             use_top_p=any(p.top_p < 1.0 for p in params),
             use_min_p=any(p.min_p > 0.0 for p in params),
             num_logprobs=min(max(asked), vocab) if asked else -1,
+            every_row_filtered=bool(random_rows)
+            and all(params[i].top_p < 1.0 or top_k[i] < vocab for i in random_rows),
         )
         special = any(
             s.penalty_slot is not None
