@@ -43,11 +43,11 @@ SETTINGS = {
 }
 
 
-def real_logits(rows: int, window: int) -> torch.Tensor:
+def real_logits(model: str | None, rows: int, window: int) -> torch.Tensor:
     """[rows, vocab] fp32 next-token logits at the ends of `rows` windows of TEXT."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = resolve_model(None)
+    model_dir = resolve_model(model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = tokenizer(TEXT.read_text())["input_ids"]
@@ -77,13 +77,14 @@ def time_sample(logits: torch.Tensor, params: SamplingParams, tiers: tuple[int, 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=None, help="default: the embedded model")
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--window", type=int, default=48)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    logits = real_logits(max(batches), args.window)
+    logits = real_logits(args.model, max(batches), args.window)
     vocab = logits.shape[1]
     default = sampler.CANDIDATE_TIERS
     rows = []

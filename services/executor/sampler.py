@@ -181,7 +181,7 @@ def _draw(
         batch.every_row_filtered
         and not batch.want_filtered
         and not logits.is_cuda  # the fallback below asks the host which rows need it
-        and CANDIDATE_TIERS[0] < vocab
+        and max(CANDIDATE_TIERS[0], batch.max_top_k) <= vocab * CANDIDATE_SHARE
     ):
         drawn = _draw_from_candidates(logits, batch, vocab)
         return torch.where(greedy_rows, greedy_ids, drawn), None
@@ -205,6 +205,10 @@ def _draw(
 # tokens: benchmarks/sampling_candidates.py); rows whose nucleus reaches past them try the
 # next count, then the sort.
 CANDIDATE_TIERS = (256, 4096)
+# A tier is tried only while it is at most this fraction of the vocabulary: a top-k of a
+# large share of the row costs about as much as the sort it would save (a 384-token vocabulary
+# sorts as fast as it takes its top 256).
+CANDIDATE_SHARE = 1 / 8
 
 
 def _draw_from_candidates(
@@ -228,7 +232,7 @@ def _draw_from_candidates(
     rows = rows[batch.temperature > 0]
     for count in CANDIDATE_TIERS:
         count = max(count, max_k)
-        if count >= vocab or not rows.numel():
+        if count > vocab * CANDIDATE_SHARE or not rows.numel():
             break
         keys, top_k, top_p = batch.rng_keys[rows], batch.top_k[rows], batch.top_p[rows]
         part = logits[rows]

@@ -143,6 +143,12 @@ CASES = [
         ("setup", "rows.0.build_ms", "rows.0.sample_ms"),
     ),
     Case(
+        "sampling_candidates",
+        lambda m, out: ["--model", str(m), "--batches", "1,2", "--window", "8", "--reps", "1",
+                        "--json", str(out)],
+        ("rows.0.speedup", "rows.0.tokens_differing", "candidate_tiers"),
+    ),
+    Case(
         "long_prompt_fairness",
         lambda m, out: ["--setting", "tiny=", "--common", f"--model {m}", "--vocab-size", "384",
                         "--long-len", "64", "--short-len", "4", "--idle-tokens", "4",

@@ -12,7 +12,7 @@ from services.executor.sampling_state import Draw, SamplingStates
 from shared.sampling import SamplingParams
 from tests.support.sampling_reference import EOS, random_logits, reference_draw
 
-VOCAB = 60
+VOCAB = 160
 FILTERED = [
     SamplingParams(temperature=1.0, top_p=0.9, seed=1),
     SamplingParams(temperature=0.7, top_p=0.5, seed=2),
@@ -35,7 +35,7 @@ def _trial(trial: int, monkeypatch) -> tuple[int, int]:
     rows that reached the second tier of candidates and those that fell back to the sort."""
     # Few candidates, so that peaked rows are decided by the first tier, flatter ones by the
     # second and the flattest fall back to the sort: all must draw the reference's token.
-    monkeypatch.setattr(sampler, "CANDIDATE_TIERS", (4, 30))
+    monkeypatch.setattr(sampler, "CANDIDATE_TIERS", (4, 20))
     fallbacks = []
     full = sampler._top_k_top_p
 
