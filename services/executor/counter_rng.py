@@ -45,7 +45,7 @@ def position_key(sample: int, position: int) -> int:
     return _signed(mix64(sample + position * _GOLDEN))
 
 
-def position_keys(samples: np.ndarray, positions: list[int]) -> torch.Tensor:
+def position_keys(samples: np.ndarray, positions: list[int] | np.ndarray) -> torch.Tensor:
     """position_key over a step's rows on the host: [R] uint64 sample keys and R positions ->
     [R] int64 draw keys (CPU). numpy's uint64 arithmetic wraps as SplitMix64 needs and costs
     ~1 us per op on a few hundred rows, where a Python mix per row costs ~1 us per row."""

@@ -83,6 +83,10 @@ class _Layout:
     random_rows: list[int]  # draws that are not greedy: they need keys
     random_index: torch.Tensor  # [R] int64 the same, on the host
     sample_keys: np.ndarray  # [R] uint64 their sample keys
+    random_states: list[SeqSampling]  # [R] their states
+    # [R] int64 offset - prompt_len of each: a draw's position is num_seen plus this. None
+    # when some prompt length was still unknown (then read per row, as num_outputs).
+    position_shift: np.ndarray | None
     special: bool  # some row has penalties, a bias, min_tokens or a grammar
 
 
@@ -276,7 +280,11 @@ class SamplingStates:
         states = layout.states
         rng_keys = layout.zero_keys
         if layout.random_rows:
-            positions = [states[i].num_outputs + draws[i].offset for i in layout.random_rows]
+            if layout.position_shift is not None:
+                seen = np.array([state.num_seen for state in layout.random_states], np.int64)
+                positions = seen + layout.position_shift
+            else:
+                positions = [states[i].num_outputs + draws[i].offset for i in layout.random_rows]
             keys = position_keys(layout.sample_keys, positions)
             if len(layout.random_rows) < len(draws):
                 keys = torch.zeros(len(draws), dtype=torch.int64).index_copy_(
@@ -343,6 +351,12 @@ class SamplingStates:
             random_rows=random_rows,
             random_index=torch.tensor(random_rows, dtype=torch.int64),
             sample_keys=np.array([states[i].key & _MASK64 for i in random_rows], np.uint64),
+            random_states=[states[i] for i in random_rows],
+            position_shift=(
+                np.array([draws[i].offset - states[i].prompt_len for i in random_rows], np.int64)
+                if all(states[i].prompt_len is not None for i in random_rows)
+                else None
+            ),
             special=special,
         )
 
