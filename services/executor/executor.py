@@ -406,15 +406,11 @@ class Executor:
         on_device: list[int] = []
         if prev is not None:
             on_device = [i for i in pending if seqs[i].seq_id in prev.rows]
-            # Grammars read token values on the host (penalty counts take them on the
-            # device); the other ranks of a tensor-parallel group get the plan with its
-            # tokens: those wait for the copy.
-            if on_device and (
-                self.shard.size > 1
-                or self.sampling.any_grammar([seqs[i].seq_id for i in on_device])
-                # The draft model learns every token from the plans, on the host.
-                or self.draft is not None
-            ):
+            # The other ranks of a tensor-parallel group get the plan with its tokens, and
+            # the draft model learns every token from the plans, on the host: those wait for
+            # the copy. (Penalty counts take the tokens on the device; a grammar's matcher
+            # waits for them after the forward pass is queued: see _launch.)
+            if on_device and (self.shard.size > 1 or self.draft is not None):
                 self.collect(prev)  # its result waits in the flight for its own collect()
                 on_device = []
         for i in pending:
@@ -451,6 +447,16 @@ class Executor:
             plan = dataclasses.replace(plan, seqs=seqs)
         source = prev.device_tokens if fills else None
         return plan, fills, source
+
+    def _accept_in_flight(self) -> None:
+        """Wait for the step in flight (the one launched before this) and feed its tokens to
+        the grammars that were given them as PENDING_TOKEN."""
+        if self._latest is None:
+            raise RuntimeError("a grammar's last token: no step in flight sampled it")
+        result = self.collect(self._latest)  # kept in the flight for the engine's collect()
+        if result.error is not None:
+            raise RuntimeError(f"the step that sampled a grammar's token failed: {result.error}")
+        self.sampling.accept_deferred({t.seq_id: t.token_id for t in result.tokens})
 
     def _execute(self, plan: StepPlan) -> StepResult:
         """Ranks 1..: one plan, start to end."""
@@ -546,9 +552,10 @@ class Executor:
             inputs.input_ids[at] = source[rows]
         if driver:  # penalty counts of those inputs, on the device too, before the draws
             self.sampling.count_device_outputs(inputs.input_ids, plan.seqs)
-        batch = self.sampling.build(draws) if draws else None
-        if batch is not None and any(r.draft_probs is not None for r in spec):
-            batch.want_filtered = True
+        # A grammar whose last token is still being sampled by the step in flight: the
+        # bitmask waits for it, after this step's forward pass is queued behind that step.
+        deferred = driver and self.sampling.deferred_matchers
+        batch = self.sampling.build(draws) if draws and not deferred else None
         timer.mark("prepare")
         with torch.inference_mode():
             decode_only = inputs.attention.max_query_len == 1 and len(sampling_seqs) == len(
@@ -568,6 +575,11 @@ class Executor:
             if rows:  # every rank, as above; only rank 0 keeps the result
                 prompt = score_prompt(hidden, self.model.compute_logits, rows, targets, spans)
             timer.mark("forward")
+            if deferred:
+                self._accept_in_flight()
+                batch = self.sampling.build(draws) if draws else None
+            if batch is not None and any(r.draft_probs is not None for r in spec):
+                batch.want_filtered = True
             output = sample(logits, batch) if batch is not None else None
         timer.mark("sample")
         flight = StepInFlight(plan.step_id, draws, timer, prompt=prompt if driver else None)

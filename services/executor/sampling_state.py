@@ -168,10 +168,12 @@ class SamplingStates:
         # state objects, valid only while none of them has been replaced.
         self._generation = 0
         self._layout: _Layout | None = None
-        self._num_matchers = 0  # sequences with a grammar matcher (they read token values)
         # (penalty slot, seq_id) of outputs fed as PENDING_TOKEN: still on the device, counted
         # there by count_device_outputs() once the step's inputs are filled in.
         self._device_outputs: list[tuple[int, int]] = []
+        # Sequences with a grammar whose last output was fed as PENDING_TOKEN: their matcher
+        # takes it in accept_deferred(), once the step that sampled it has reached the host.
+        self._deferred_matchers: list[int] = []
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -196,8 +198,6 @@ class SamplingStates:
     def forget(self, seq_id: int) -> None:
         state = self.seqs.pop(seq_id, None)
         self._generation += 1
-        if state is not None:
-            self._num_matchers -= state.matcher is not None
         if state is not None and state.penalty_slot is not None:
             self._flush()  # queued pairs of this slot must land before it is cleared and reused
             self.penalties.release(state.penalty_slot)
@@ -215,11 +215,7 @@ class SamplingStates:
         self._put(child_id, child)
 
     def _put(self, seq_id: int, state: SeqSampling) -> None:
-        old = self.seqs.get(seq_id)
-        if old is not None:
-            self._num_matchers -= old.matcher is not None
         self.seqs[seq_id] = state
-        self._num_matchers += state.matcher is not None
         self._generation += 1
 
     def observe(self, seq_id: int, token_ids: list[int], start_pos: int, samples: bool) -> None:
@@ -237,23 +233,28 @@ class SamplingStates:
             prompt_end = state.prompt_len if state.prompt_len is not None else end
             split = max(0, min(len(fresh), prompt_end - first_new))
             prompt, outputs = fresh[:split], fresh[split:]
+            pending = outputs[-1:] == [PENDING_TOKEN]  # sampled last step, still on the device
+            if pending:
+                outputs = outputs[:-1]
             slot = state.penalty_slot
             if slot is not None:
                 self._pending_prompt.extend((slot, t) for t in prompt)
-                if outputs[-1:] == [PENDING_TOKEN]:  # sampled last step, still on the device
+                if pending:
                     self._device_outputs.append((slot, seq_id))
-                    outputs = outputs[:-1]
                 self._pending_outputs.extend((slot, t) for t in outputs)
             if state.matcher is not None:
                 for token in outputs:
                     state.matcher.accept_token(token)
+                if pending:
+                    self._deferred_matchers.append(seq_id)
             state.num_seen = end
 
     def observe_plan(self, seqs: list[ScheduledSeq]) -> None:
         """observe() for every entry of a plan, in one pass. Proposed tokens are not the
         sequence's until verified: the next plan feeds the accepted ones."""
         states = self.seqs
-        self._device_outputs = []  # a failed step's, if any: they belong to its plan alone
+        # A failed step's, if any: they belong to its plan alone.
+        self._device_outputs, self._deferred_matchers = [], []
         for seq in seqs:
             state = states[seq.seq_id]
             k = seq.num_spec_tokens
@@ -431,7 +432,13 @@ class SamplingStates:
         batch.edit_values = torch.cat([*(b.values for b in biases), edit_values])
 
     def _add_grammar(self, batch: SamplingBatch, states: list[SeqSampling]) -> None:
-        rows = [i for i, s in enumerate(states) if s.matcher is not None]
+        # A matcher that took its stop token last step (a step planned ahead of that result
+        # draws once more for it, and the scheduler drops that token) has no next mask.
+        rows = [
+            i
+            for i, s in enumerate(states)
+            if s.matcher is not None and not s.matcher.is_terminated()
+        ]
         if not rows:
             return
         import xgrammar
@@ -448,13 +455,20 @@ class SamplingStates:
         only positions, so its input may still be on the device when the step is prepared."""
         return _plain(self.seqs[seq_id])
 
-    def any_grammar(self, seq_ids: list[int]) -> bool:
-        """Whether one of these sequences has a grammar matcher, which must see each token's
-        value on the host before the next draw (penalty counts are kept on the device: see
-        count_device_outputs). No look at each one while no sequence has a grammar."""
-        if not self._num_matchers:
-            return False
-        return any(self.seqs[seq_id].matcher is not None for seq_id in seq_ids)
+    @property
+    def deferred_matchers(self) -> bool:
+        """Some grammar's last token is still on the device: build() must wait for
+        accept_deferred()."""
+        return bool(self._deferred_matchers)
+
+    def accept_deferred(self, sampled: dict[int, int]) -> None:
+        """Feed the deferred matchers their last tokens (seq_id -> token, from the step that
+        sampled them)."""
+        for seq_id in self._deferred_matchers:
+            matcher = self.seqs[seq_id].matcher
+            if not matcher.is_terminated():  # else: a token drawn past its end, dropped
+                matcher.accept_token(sampled[seq_id])
+        self._deferred_matchers = []
 
     def count_device_outputs(self, input_ids: torch.Tensor, seqs: list[ScheduledSeq]) -> None:
         """Count the outputs observed as PENDING_TOKEN from the step's inputs, on the device:

@@ -3,10 +3,12 @@
 While the executor runs step N the scheduler may already plan step N+1, but only a step it can
 plan without N's outcome: every sequence of N decodes one more token whose id the executor
 alone knows yet (it sampled it in N), so the plan carries PENDING_TOKEN in its place. Anything
-that needs N's outcome (a beam step, a fork, a grammar, admitting or resuming a request,
-preemption, a prompt chunk) waits for a synchronous step; Scheduler.schedule_ahead adds the
-conditions on the pools and the queues. A sequence that N's token ends (eos,
-a stop token) wastes one token of N+1; the scheduler drops it when N+1 is reported.
+that needs N's outcome (a beam step, a fork, admitting or resuming a request, preemption, a
+prompt chunk) waits for a synchronous step; Scheduler.schedule_ahead adds the conditions on the
+pools and the queues. A grammar does not: its matcher takes N's token in the executor, which
+queues N+1's forward pass first and waits for that token only to build N+1's mask. A sequence
+that N's token ends (eos, a stop token, a grammar's end) wastes one token of N+1; the scheduler
+drops it when N+1 is reported.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def lookahead_seqs(
         seq, group = entry.seq, entry.group
         if seq.is_finished:
             continue  # aborted while the step runs
-        if group.beam is not None or group.sampling.guided is not None or entry.fork_seq_ids:
+        if group.beam is not None or entry.fork_seq_ids:
             return None  # the next step depends on what this one draws
         if entry.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
             return None  # not a decode of the last known token (a prompt, a recompute)

@@ -286,3 +286,65 @@ def test_penalised_sequences_stay_overlapped_with_their_counts_kept_on_the_devic
         assert int(counts.sum()) == len(tokens)
         for token in set(tokens):
             assert int(counts[token]) == tokens.count(token)
+
+
+def test_a_grammar_waits_for_its_token_only_after_the_forward_pass_is_queued(
+    tiny_model_dir, prompts
+):
+    # A sequence with a grammar used to stop the scheduler from planning ahead, and the
+    # executor from launching a step before the one in flight was collected. Now the step is
+    # planned ahead, its forward pass is queued first, and only its draws wait for the
+    # previous token (the matcher must take it before the next bitmask): the same outputs as
+    # the loop that waits, grammar and all.
+    params = [
+        SamplingParams(max_tokens=14, temperature=0.0, guided=("regex", "[a-z]{3,12}")),
+        SamplingParams(max_tokens=14, temperature=0.9, seed=4, guided=("regex", "(ab|cd)+e?")),
+        SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=14, temperature=1.0, seed=2, frequency_penalty=0.5),
+    ]
+    batch = prompts[: len(params)]
+
+    def run(overlap: bool):
+        config = engine_config(tiny_model_dir, num_device_blocks=64, max_num_batched_tokens=128)
+        engine = LLMEngine(config, overlap_steps=overlap)
+        executor = engine.executor
+        events = []
+        launch, model_forward, collect = executor.launch, executor.model.forward, executor.collect
+
+        def watched_launch(plan):
+            events.append("launch")
+            try:
+                return launch(plan)
+            finally:
+                events.append("launched")
+
+        def forward(*args, **kwargs):
+            events.append("forward")
+            return model_forward(*args, **kwargs)
+
+        def watched_collect(flight):
+            events.append("collect")
+            return collect(flight)
+
+        executor.launch, executor.collect = watched_launch, watched_collect
+        executor.model.forward = forward
+        outputs, _ = _run(engine, batch, params)
+        return outputs, events
+
+    synchronous, _ = run(False)
+    overlapped, events = run(True)
+    assert overlapped == synchronous
+    assert all(o[0][0] for o in overlapped[:2])  # the grammars did produce tokens
+    # The first grammar ended (its stop token) while the others ran on: a step planned ahead
+    # drew once more for it, past its matcher's end, and that token was dropped.
+    assert overlapped[0][0][1] == "stop" and len(overlapped[0][0][0]) < 14
+    # Collects made inside a launch (a grammar's token wanted): each after that launch's
+    # forward pass.
+    inside = []
+    for i, event in enumerate(events):
+        if event == "launch":
+            end = events.index("launched", i)
+            inside.append(events[i:end])
+    waited = [e for e in inside if "collect" in e]
+    assert waited  # steps with grammar rows did run ahead of their predecessor's result
+    assert all(e.index("forward") < e.index("collect") for e in waited)

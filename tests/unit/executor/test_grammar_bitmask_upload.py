@@ -16,6 +16,9 @@ class _AllowEven:
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         bitmask[row] = 0x55555555  # bits 0, 2, 4, ... of every 32-token word
 
+    def is_terminated(self) -> bool:
+        return False
+
 
 def test_the_bitmask_is_uploaded_through_host_to_device(monkeypatch):
     uploads = []
