@@ -392,11 +392,11 @@ class Executor:
         self, plan: StepPlan
     ) -> tuple[StepPlan, list[tuple[int, int]], torch.Tensor | None]:
         """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
-        token this executor sampled for that sequence in the previous step. Returns a copy
-        with them filled in from the host, or, where the previous step is still in flight,
-        with a placeholder and (flat input row, row of that step's samples) to copy on the
-        device from that step's sampled ids (the third value). The caller's plan is left as it
-        was sent."""
+        token this executor sampled for that sequence in the previous step. Where that step is
+        still in flight, the entries stay as they are and the second value says which input
+        rows to copy on the device from its sampled ids (the third value): (flat input row,
+        row of its samples) pairs, or ALL_INPUTS. Tokens already on the host are filled into a
+        copy of the plan. The caller's plan is left as it was sent."""
         # A pending token is always a decode's only input: no scan of long prompt chunks.
         seqs = plan.seqs
         pending = [i for i, s in enumerate(seqs) if s.token_ids[-1:] == _PENDING]
