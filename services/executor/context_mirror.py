@@ -49,6 +49,7 @@ class ContextMirrors:
         self,
         seqs: list[ScheduledSeq],
         tables: torch.Tensor,  # [len(seqs), max_blocks] int64
+        decodes: bool = False,  # every entry is one token that samples (the caller checked)
     ) -> list[torch.Tensor | None] | None:  # per seq: its mirror, or None (gathered path)
         """Each scheduled sequence's mirror, grown to hold this step's tokens and filled up to
         its start position; mirrors of sequences not computing a chunk now are dropped. None
@@ -56,7 +57,7 @@ class ContextMirrors:
         for s in seqs:
             if s.prompt_len is not None:  # sent with a sequence's first appearance
                 self.prompt_lens[s.seq_id] = s.prompt_len
-        if not self.mirrors and all(len(s.token_ids) == 1 and s.sample for s in seqs):
+        if decodes and not self.mirrors:
             return None  # decodes alone and no mirror to continue: most steps
         wanted = {s.seq_id for s in seqs if self._is_deep_chunk(s) or self._continues(s)}
         for seq_id in [i for i in self.mirrors if i not in wanted]:

@@ -314,11 +314,10 @@ class Executor:
             flight.result.num_accepted = accepted
             if flight.prompt is not None:
                 flight.result.prompt_logprobs = flight.prompt.records()
-            # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
-            known = self.sampling.seqs
-            self._last_sampled.update(
-                {token.seq_id: token.token_id for token in tokens if token.seq_id in known}
-            )
+            for token in tokens:
+                # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
+                if token.seq_id in self.sampling:
+                    self._last_sampled[token.seq_id] = token.token_id
         except Exception as exc:  # noqa: BLE001 - as in launch()
             flight.result = self._failure(flight.step_id, exc)
         return flight.result
@@ -502,13 +501,18 @@ class Executor:
             # Tensor parallelism with a draft model is not supported: only rank 0 fills.
             draft_probs = self.draft.fill(plan.seqs) or {}
         tables = self.block_tables.rows([s.seq_id for s in plan.seqs])
+        # Asked once for the mirrors and the inputs: most steps are one sampled token each.
+        decodes = all(len(s.token_ids) == 1 and s.sample and s.rope_len is None for s in plan.seqs)
         inputs = build_inputs(
             plan.seqs,
             tables,
             self.cache.block_size,
             reference_views=self.ops.name == "torch",
-            mirrors=None if self.mirrors is None else self.mirrors.for_step(plan.seqs, tables),
+            mirrors=(
+                None if self.mirrors is None else self.mirrors.for_step(plan.seqs, tables, decodes)
+            ),
             ids_on_device=fills is ALL_INPUTS,
+            one_token_each=decodes,
         )
         draws = []
         spec: list[SpecRows] = []

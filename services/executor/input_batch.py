@@ -35,10 +35,13 @@ def build_inputs(
     reference_views: bool,
     mirrors: list[torch.Tensor | None] | None = None,  # [len(seqs)] PrefillSpan.mirror
     ids_on_device: bool = False,  # one token each, all still on the device: written later
+    one_token_each: bool | None = None,  # each entry one token, no rope_len; None: look
 ) -> ModelInputs:
     """Host work: concatenate the token ids, list the lengths; the rest is built on the device."""
     device = table.device
-    if mirrors is None and all(len(s.token_ids) == 1 and s.rope_len is None for s in seqs):
+    if one_token_each is None:
+        one_token_each = all(len(s.token_ids) == 1 and s.rope_len is None for s in seqs)
+    if mirrors is None and one_token_each:
         return _one_token_each(seqs, table, block_size, reference_views, ids_on_device)
     input_ids = list(itertools.chain.from_iterable(s.token_ids for s in seqs))
     attention = metadata_from_table(

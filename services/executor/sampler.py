@@ -177,13 +177,10 @@ def _draw(
         # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p): no softmax needed.
         threshold = logits.max(dim=-1, keepdim=True).values + torch.log(batch.min_p)[:, None]
         logits = logits.masked_fill(logits < threshold, float("-inf"))
-    if (
-        batch.every_row_filtered
-        and not batch.want_filtered
-        and not logits.is_cuda  # the fallback below asks the host which rows need it
-        and max(CANDIDATE_TIERS[0], batch.max_top_k) <= vocab * CANDIDATE_SHARE
-    ):
-        drawn = _draw_from_candidates(logits, batch, vocab)
+    counts = _candidate_counts(batch, vocab)
+    # On a CPU only: the fallback below asks the host which rows need it.
+    if counts and batch.every_row_filtered and not batch.want_filtered and not logits.is_cuda:
+        drawn = _draw_from_candidates(logits, batch, vocab, counts)
         return torch.where(greedy_rows, greedy_ids, drawn), None
     if batch.use_top_p:
         logits = _top_k_top_p(logits, batch.top_k, batch.top_p)
@@ -211,10 +208,18 @@ CANDIDATE_TIERS = (256, 4096)
 CANDIDATE_SHARE = 1 / 8
 
 
+def _candidate_counts(batch: SamplingBatch, vocab: int) -> list[int]:
+    """The tiers this batch may try: each at least its largest top_k, none over the share."""
+    max_k = batch.max_top_k if batch.use_top_k else 0
+    counts = [max(count, max_k) for count in CANDIDATE_TIERS]
+    return [count for count in counts if count <= vocab * CANDIDATE_SHARE]
+
+
 def _draw_from_candidates(
     logits: torch.Tensor,  # [B, vocab] fp32, temperature-scaled, min-p applied
     batch: SamplingBatch,
     vocab: int,
+    counts: list[int],  # _candidate_counts: the tiers, smallest first
 ) -> torch.Tensor:  # [B] int64 drawn ids (greedy rows' are discarded by the caller)
     """The draw of _top_k_top_p and the Gumbel race, from each row's best candidates alone.
 
@@ -226,13 +231,9 @@ def _draw_from_candidates(
     gets in the full race (gumbel_at), so the draws are the same tokens.
     """
     drawn = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    max_k = batch.max_top_k if batch.use_top_k else 0
-    # Greedy rows never draw: they need no candidates.
-    rows = rows[batch.temperature > 0]
-    for count in CANDIDATE_TIERS:
-        count = max(count, max_k)
-        if count > vocab * CANDIDATE_SHARE or not rows.numel():
+    rows = (batch.temperature > 0).nonzero()[:, 0]  # greedy rows never draw
+    for count in counts:
+        if not rows.numel():
             break
         keys, top_k, top_p = batch.rng_keys[rows], batch.top_k[rows], batch.top_p[rows]
         part = logits[rows]

@@ -79,7 +79,6 @@ class _Layout:
     generation: int  # SamplingStates._generation when built
     states: list[SeqSampling]  # per draw
     batch: SamplingBatch  # rng_keys all zero; penalties, edits and grammar not added
-    zero_keys: torch.Tensor  # [B] int64 on the device
     random_rows: list[int]  # draws that are not greedy: they need keys
     random_index: torch.Tensor  # [R] int64 the same, on the host
     sample_keys: np.ndarray  # [R] uint64 their sample keys
@@ -88,9 +87,6 @@ class _Layout:
     # when some prompt length was still unknown (then read per row, as num_outputs).
     position_shift: np.ndarray | None
     special: bool  # some row has penalties, a bias, min_tokens or a grammar
-
-
-_MASK64 = (1 << 64) - 1
 
 
 class PenaltyTable:
@@ -279,7 +275,7 @@ class SamplingStates:
         if layout is None or layout.generation != self._generation or layout.draws != draws:
             layout = self._layout = self._new_layout(draws)
         states = layout.states
-        rng_keys = layout.zero_keys
+        rng_keys = layout.batch.rng_keys  # all zero: greedy rows draw nothing
         if layout.random_rows:
             if layout.position_shift is not None:
                 seen = np.array([state.num_seen for state in layout.random_states], np.int64)
@@ -348,10 +344,9 @@ class SamplingStates:
             generation=self._generation,
             states=states,
             batch=batch,
-            zero_keys=batch.rng_keys,
             random_rows=random_rows,
             random_index=torch.tensor(random_rows, dtype=torch.int64),
-            sample_keys=np.array([states[i].key & _MASK64 for i in random_rows], np.uint64),
+            sample_keys=np.array([states[i].key for i in random_rows], np.uint64),
             random_states=[states[i] for i in random_rows],
             position_shift=(
                 np.array([draws[i].offset - states[i].prompt_len for i in random_rows], np.int64)
@@ -449,11 +444,6 @@ class SamplingStates:
         # Through pinned memory: a pageable upload would wait for the step in flight.
         batch.grammar_bitmask = host_to_device(bitmask, self.device)
         batch.grammar_rows = rows
-
-    def plain(self, seq_id: int) -> bool:
-        """Its next draw needs no token values of its history (no penalties, no grammar):
-        only positions, so its input may still be on the device when the step is prepared."""
-        return _plain(self.seqs[seq_id])
 
     @property
     def deferred_matchers(self) -> bool:
