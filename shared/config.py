@@ -154,6 +154,13 @@ class SchedulerConfig:
         "most, counted context-free and never below the number of decoding sequences (default: 64 "
         "on a CPU, no cap on a GPU; the token budget turns it off)",
     )  # fmt: skip
+    # CPU: a prompt chunk deep enough that reading its context would outweigh the cap is
+    # computed a few decoder layers per step (services/scheduler/layer_parts.py).
+    layer_parts: bool = flag(
+        True, "--no-layer-parts",
+        "CPU: compute each deep prompt chunk in one step, however long its context read "
+        "(default: in layer parts over several steps while others decode)",
+    )  # fmt: skip
     # Split long prompts across steps to fit the budget.
     enable_chunked_prefill: bool = flag(
         True, "--no-chunked-prefill",

@@ -28,6 +28,12 @@ class ExecutorReady:
     # forward pass (the linear layers and the LM head): a prompt chunk at context c costs about
     # (1 + c / context_cost_tokens) times its context-free cost. 0: not modelled.
     context_cost_tokens: int = 0
+    # A chunk's attention reads its whole cached context once per layer, whatever its rows: that
+    # read costs as much as this many rows' attention. Where it is set (the CPU reference
+    # backend) the executor also computes a chunk's layers in parts over several steps
+    # (ScheduledSeq.layers), so that a deep chunk's read need not fall on one step. 0: neither.
+    context_read_rows: float = 0.0
+    num_layers: int = 0  # decoder layers: what ScheduledSeq.layers counts
     # Sampling defaults from the checkpoint's generation_config.json (--generation-config auto)
     # for requests that leave them unset: temperature, top_p, top_k, min_p, repetition_penalty.
     default_sampling: dict[str, float] = field(default_factory=dict)
@@ -88,6 +94,12 @@ class ScheduledSeq:
     # The executor returns 1 .. num_spec_tokens + 1 tokens for the sequence: the accepted
     # proposals, then the corrected (or bonus) token.
     num_spec_tokens: int = 0
+    # A deep prompt chunk computed in parts (ExecutorReady.context_read_rows): this entry runs
+    # decoder layers [first, end) of its tokens only. The part with first 0 starts the chunk (its
+    # K/V slots are new); the next parts, in the following steps, carry the same tokens and take
+    # up where the last one stopped; only the part that ends at the last layer samples.
+    # Parts come last in a plan, after every other entry.
+    layers: tuple[int, int] | None = None
 
 
 @dataclass

@@ -71,7 +71,7 @@ class ContextMirrors:
         """A prompt chunk (or recompute) at min_context or deeper: several tokens, or one that
         does not sample (a chunk that deep is often a single token; with a mirror it is not
         batched with the decodes, whose padded gather would then reach its whole context)."""
-        chunk = len(seq.token_ids) > 1 or not seq.sample
+        chunk = len(seq.token_ids) > 1 or not seq.sample or seq.layers is not None
         return chunk and not seq.num_spec_tokens and seq.start_pos >= self.min_context
 
     def _continues(self, seq: ScheduledSeq) -> bool:
@@ -92,18 +92,22 @@ class ContextMirrors:
     ) -> torch.Tensor | None:
         end = seq.start_pos + len(seq.token_ids)
         mirror = self.mirrors.get(seq.seq_id)
+        # What the mirror must hold already: the context before the chunk, or with a chunk's
+        # later layer part (layer_parts.py) the chunk too, whose earlier layers the parts
+        # before wrote (their later layers this part writes).
+        known = end if seq.layers is not None and seq.layers[0] > 0 else seq.start_pos
         # The mirror holds what the blocks hold only if it wrote the chunks just before this
         # one; any other start (a recompute, a preemption in between) rebuilds it from them.
-        if mirror is not None and seq.start_pos != self.lengths[seq.seq_id]:
+        if mirror is not None and known != self.lengths[seq.seq_id]:
             self._drop(seq.seq_id)
             mirror = None
-        fresh = mirror is None  # then filled from the blocks up to start_pos
+        fresh = mirror is None  # then filled from the blocks up to `known`
         if fresh or mirror.shape[3] < end:
             mirror = self._grow(seq.seq_id, mirror, 0 if fresh else seq.start_pos, end)
             if mirror is None:
                 return None
         if fresh:
-            self._fill(mirror, table, seq.start_pos)
+            self._fill(mirror, table, known)
         # The attention writes this step's K/V at start_pos:end (kernels/reference.py).
         self.lengths[seq.seq_id] = end
         return mirror

@@ -25,6 +25,7 @@ from services.executor.draft_proposer import DraftProposer
 from services.executor.grammar import GrammarStore
 from services.executor.input_batch import build_inputs
 from services.executor.kv_cache import KVCache
+from services.executor.layer_parts import LayerParts, num_trailing_parts
 from services.executor.model_setup import (
     eos_token_ids,
     max_model_len,
@@ -70,6 +71,10 @@ log = logging.getLogger("pagedserve.executor")
 # so with int8 weights a context token costs that many times more of a chunk token's linear
 # work than the multiply-adds say (ModelSpec.context_cost_tokens counts them as fp32).
 LINEAR_SPEEDUP = {"int8": 5}
+# A chunk's read of its cached context, in rows of its attention: 7.35 fitted for the reference
+# attention on SmolLM2 (benchmarks/deep_chunk_attention.py, 2 threads). Reported to the scheduler
+# (ExecutorReady.context_read_rows), which plans deep chunks in layer parts by it.
+CONTEXT_READ_ROWS = 7.35
 
 
 class Executor:
@@ -168,6 +173,12 @@ class Executor:
                 self.cache.num_cpu_blocks,
                 reference_views=self.ops.name == "torch",
             )
+        # Deep prompt chunks in layer parts (layer_parts.py): the reference attention's cost,
+        # on one rank (each would need the parts' states) and without a draft model (which
+        # learns tokens from every plan entry).
+        self.parts: LayerParts | None = None
+        if self.ops.name == "torch" and self.shard.size == 1 and self.draft is None:
+            self.parts = LayerParts(self.model.spec.num_layers)
         self._warm_up_kernels()
         self.graphs = self._capture_graphs(config)
 
@@ -260,6 +271,8 @@ class Executor:
             device_type=self.device.type,
             context_cost_tokens=self.model.spec.context_cost_tokens
             // LINEAR_SPEEDUP.get(self.quantization, 1),
+            context_read_rows=CONTEXT_READ_ROWS if self.parts is not None else 0.0,
+            num_layers=self.model.spec.num_layers,
             default_sampling=self.default_sampling,
             sliding_window=self.model.spec.shared_window,
             rope_switch_len=rope_switch,
@@ -380,6 +393,8 @@ class Executor:
             self.block_tables.forget(seq_id)
             if self.mirrors is not None:
                 self.mirrors.forget(seq_id)
+            if self.parts is not None:
+                self.parts.forget(seq_id)
             if self.shard.is_driver:
                 self.sampling.forget(seq_id)
                 if self.draft is not None:
@@ -501,16 +516,24 @@ class Executor:
             # Tensor parallelism with a draft model is not supported: only rank 0 fills.
             draft_probs = self.draft.fill(plan.seqs) or {}
         tables = self.block_tables.rows([s.seq_id for s in plan.seqs])
+        # Deep chunks' layer parts (last in the plan) run on their own after the batch.
+        num_parts = num_trailing_parts(plan.seqs) if self.parts is not None else 0
+        if self.parts is None and plan.seqs and plan.seqs[-1].layers is not None:
+            raise ValueError("layer parts need the reference backend on one rank")
+        batch_seqs = plan.seqs[: len(plan.seqs) - num_parts] if num_parts else plan.seqs
         # Asked once for the mirrors and the inputs: most steps are one sampled token each.
-        decodes = all(len(s.token_ids) == 1 and s.sample and s.rope_len is None for s in plan.seqs)
+        decodes = not num_parts and all(
+            len(s.token_ids) == 1 and s.sample and s.rope_len is None for s in plan.seqs
+        )
+        mirrors = (
+            None if self.mirrors is None else self.mirrors.for_step(plan.seqs, tables, decodes)
+        )
         inputs = build_inputs(
-            plan.seqs,
-            tables,
+            batch_seqs,
+            tables[: len(batch_seqs)],
             self.cache.block_size,
             reference_views=self.ops.name == "torch",
-            mirrors=(
-                None if self.mirrors is None else self.mirrors.for_step(plan.seqs, tables, decodes)
-            ),
+            mirrors=None if mirrors is None else mirrors[: len(batch_seqs)],
             ids_on_device=fills is ALL_INPUTS,
             one_token_each=decodes,
         )
@@ -555,7 +578,7 @@ class Executor:
             at, rows = host_to_device(torch.tensor(fills, dtype=torch.int64).T, self.device)
             inputs.input_ids[at] = source[rows]
         if driver:  # penalty counts of those inputs, on the device too, before the draws
-            self.sampling.count_device_outputs(inputs.input_ids, plan.seqs)
+            self.sampling.count_device_outputs(inputs.input_ids, batch_seqs)
         # A grammar whose last token is still being sampled by the step in flight: the
         # bitmask waits for it, after this step's forward pass is queued behind that step.
         deferred = driver and self.sampling.deferred_matchers
@@ -567,14 +590,26 @@ class Executor:
             )
             if self.graphs is not None and decode_only and self.graphs.bucket(len(plan.seqs)):
                 hidden = self.graphs.run(inputs.input_ids, inputs.attention)
-            else:
+            elif batch_seqs:
                 hidden = self.model(
                     inputs.input_ids, inputs.positions, self.cache.device, inputs.attention
                 )
+            last = hidden[inputs.logits_rows] if batch_seqs else None  # [rows, hidden]
+            if num_parts:  # their sampling rows follow the batch's, as their entries do
+                part_rows = self.parts.run(
+                    self.model,
+                    plan.seqs[len(batch_seqs) :],
+                    tables[len(batch_seqs) :],
+                    None if mirrors is None else mirrors[len(batch_seqs) :],
+                    self.cache.device,
+                    self.cache.block_size,
+                )
+                if part_rows:
+                    last = torch.cat(([last] if last is not None else []) + part_rows)
             logits = None
             if sampling_seqs:  # every rank: the LM head is split by vocabulary
-                logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [rows, vocab]
-            rows, targets, spans = prompt_rows(plan.seqs, self._prompt_top_k)
+                logits = self.model.compute_logits(last)  # [rows, vocab]
+            rows, targets, spans = prompt_rows(batch_seqs, self._prompt_top_k)
             prompt = None
             if rows:  # every rank, as above; only rank 0 keeps the result
                 prompt = score_prompt(hidden, self.model.compute_logits, rows, targets, spans)

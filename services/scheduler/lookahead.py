@@ -24,6 +24,7 @@ class _Entry(Protocol):
     group: SequenceGroup
     num_new_tokens: int
     fork_seq_ids: list[int]
+    layers: tuple[int, int] | None
 
 
 def lookahead_seqs(
@@ -41,6 +42,8 @@ def lookahead_seqs(
             continue  # aborted while the step runs
         if group.beam is not None or entry.fork_seq_ids:
             return None  # the next step depends on what this one draws
+        if entry.layers is not None:
+            return None  # a deep chunk's layer part: the next part needs its reply first
         if entry.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
             return None  # not a decode of the last known token (a prompt, a recompute)
         if reaches_length(

@@ -24,6 +24,7 @@ from services.scheduler.beam_search import BeamSearch, advance_beams
 from services.scheduler.block_manager import BlockManager
 from services.scheduler.grammar_wait import ANSWER_GRACE_S, GrammarWaits
 from services.scheduler.kv_policy import make_block_manager
+from services.scheduler.layer_parts import plan_layer_part
 from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.policies import make_policy
 from services.scheduler.prefix_reuse import PrefixReuse
@@ -92,6 +93,9 @@ class Scheduler:
         cap = config.prefill_cap(ready.device_type) if config.enable_chunked_prefill else None
         self.prefill_cap = cap if cap is not None and cap < self.token_budget else None
         self.context_cost_tokens = ready.context_cost_tokens
+        # Deep chunks in layer parts where the executor computes them (layer_parts.py).
+        self.context_read_rows = ready.context_read_rows if config.layer_parts else 0.0
+        self.num_layers = ready.num_layers
         if not config.enable_chunked_prefill:
             self.token_budget = max(self.token_budget, ready.max_model_len)
         self.limits = RequestLimits.of(ready, config.max_num_seqs)
@@ -306,8 +310,10 @@ class Scheduler:
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
                 continue  # preempted (or ended) earlier in this step
-            writes = self._plan_writes(group, self._share(group, budget, cap, decoding))
+            writes = self._part_writes(group, budget, cap, decoding)
             if writes is None:
+                writes = self._plan_writes(group, self._share(group, budget, cap, decoding))
+            if not writes:
                 continue
             if self._outgrows_rope_writes(writes):
                 self.running.remove(group)
@@ -413,6 +419,38 @@ class Scheduler:
                 self._proposals.pop(seq.seq_id, None)
             return writes, 0
         return spec_writes, added
+
+    def _part_writes(
+        self, group: SequenceGroup, budget: int, cap: int | None, decoding: bool
+    ) -> list[tuple[Sequence, int]] | None:
+        """A deep chunk's next layer part (its tokens, again), or a new chunk planned in parts;
+        [] when the part must wait a step (the budget is spent), None for the usual share. Only
+        a group of one sequence, that scores no prompt logprobs, under the per-request cap."""
+        live = group.live_seqs()
+        if not self.context_read_rows or cap is None or len(live) != 1:
+            return None
+        seq = live[0]
+        part = seq.layer_part
+        uncomputed = seq.num_uncomputed_tokens
+        if part is None and uncomputed <= 1 and seq.num_computed_tokens >= seq.prompt_len:
+            return None  # a decode (most groups): its context read is its own, every step
+        capped = decoding or self._others_queued(group)
+        if part is None:
+            if not capped or group.sampling.prompt_logprobs is not None:
+                return None
+            part = plan_layer_part(
+                seq.num_computed_tokens, uncomputed, budget, cap, self.context_cost_tokens,
+                self.context_read_rows, self.num_layers,
+            )  # fmt: skip
+            if part is None:
+                return None
+            seq.layer_part = part
+        if part.num_tokens > budget:
+            return []
+        # Alone, the rest of the chunk's layers at once: no one waits on this step.
+        step = part.layers_per_step if capped else self.num_layers
+        part.step_end = min(self.num_layers, part.done + step)
+        return [(seq, part.num_tokens)]
 
     def _share(self, group: SequenceGroup, budget: int, cap: int | None, decoding: bool) -> int:
         queued = functools.partial(self._others_queued, group)  # asked only under a cap
@@ -528,6 +566,12 @@ class Scheduler:
             if seq.is_finished:  # aborted while the step ran
                 self.plans.freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
+            if entry.layers is not None:
+                if entry.partial:  # the chunk's next part follows: nothing computed yet
+                    if seq.layer_part is not None:
+                        seq.layer_part.done = entry.layers[1]
+                    continue
+                seq.layer_part = None
             if entry.spec_tokens:
                 update = updates.setdefault(group.request_id, GroupUpdate(group))
                 self._take_verified(entry, runs[seq.seq_id], update)
@@ -672,13 +716,16 @@ class Scheduler:
                 seq.rope_len = seq.num_tokens
             self.block_manager.allocate_slots(seq.seq_id, seq.num_computed_tokens, n)
             fork_ids: list[int] = []
-            finishes_prompt = seq.num_computed_tokens + n == seq.num_tokens
+            part = seq.layer_part
+            layers = None if part is None else (part.done, part.step_end)
+            partial = part is not None and part.step_end < self.num_layers
+            finishes_prompt = seq.num_computed_tokens + n == seq.num_tokens and not partial
             num_samples = group.sampling.num_samples
             if finishes_prompt and num_samples > 1 and not group.forked and group.beam is None:
                 fork_ids = [self._new_seq_id() for _ in range(num_samples - 1)]
                 group.forked = True  # reserved now; the child sequences appear in update()
             spec = self._proposals.pop(seq.seq_id, [])
-            entries.append(PlanEntry(seq, group, n, fork_ids, spec))
+            entries.append(PlanEntry(seq, group, n, fork_ids, spec, layers, partial))
         return sum(n for _, n in writes)
 
     def _preempt(self, group: SequenceGroup, swap_out: list[tuple[int, int]]) -> bool:

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from services.scheduler.layer_parts import LayerPart
 from shared.protocol import PromptLogprobs, SampledToken
 from shared.sampling import SamplingParams
 
@@ -37,6 +38,9 @@ class Sequence:
     # num_tokens when its K/V was last computed from position 0: longrope chose its tables by
     # it (Scheduler._outgrows_rope).
     rope_len: int = 0
+    # A deep prompt chunk being computed a few layers per step (layer_parts.py); it lives only
+    # while the sequence runs: preempted, the chunk starts again from its first layer.
+    layer_part: LayerPart | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -138,3 +142,5 @@ class SequenceGroup:
     def set_status(self, status: SeqStatus) -> None:
         for seq in self.live_seqs():
             seq.status = status
+            if status is not SeqStatus.RUNNING:
+                seq.layer_part = None

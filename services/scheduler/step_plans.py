@@ -26,6 +26,10 @@ class PlanEntry:
     fork_seq_ids: list[int]
     # Speculative decoding: tokens proposed after the sequence's last one, verified this step.
     spec_tokens: list[int] = field(default_factory=list)
+    # A deep chunk's layer part (layer_parts.py): the layers it computes, and whether more parts
+    # of the chunk follow (then it computes no token of the sequence yet, and samples nothing).
+    layers: tuple[int, int] | None = None
+    partial: bool = False
 
 
 class StepPlans:
@@ -45,22 +49,23 @@ class StepPlans:
         victims: list[SequenceGroup],
     ) -> StepPlan:
         """The plan of a scheduled step; a sequence's sampling parameters and prompt length go
-        with its first appearance only."""
-        seqs = []
+        with its first appearance only. Layer parts go last, where the executor runs them
+        after the batch."""
+        seqs, parts = [], []
         for entry in entries:
             seq = entry.seq
             block_ids, replace = block_manager.take_table_update(seq.seq_id)
             start = seq.num_computed_tokens
             end = start + entry.num_new_tokens - len(entry.spec_tokens)  # real tokens only
             targets = prompt_logprob_targets(entry.group, seq, start, end)
-            seqs.append(
+            (seqs if entry.layers is None else parts).append(
                 ScheduledSeq(
                     seq_id=seq.seq_id,
                     token_ids=seq.token_ids[start:end] + entry.spec_tokens,
                     start_pos=start,
                     block_ids=block_ids,
                     replace_table=replace,
-                    sample=end == seq.num_tokens,
+                    sample=end == seq.num_tokens and not entry.partial,
                     fork_seq_ids=entry.fork_seq_ids,
                     sampling=None if seq.announced else entry.group.sampling,
                     sample_index=seq.index,
@@ -68,10 +73,11 @@ class StepPlans:
                     rope_len=seq.num_tokens if start + 1 < seq.num_tokens else None,
                     prompt_targets=targets,
                     num_spec_tokens=len(entry.spec_tokens),
+                    layers=entry.layers,
                 )
             )
             seq.announced = True
-        return self._issue(block_manager, seqs, entries, swap_out, swap_in, victims)
+        return self._issue(block_manager, seqs + parts, entries, swap_out, swap_in, victims)
 
     def plan_ahead(self, block_manager: BlockManager, ahead: list[PlanEntry]) -> StepPlan | None:
         """The next decode of each of `ahead` (entries of the one plan in flight), with the

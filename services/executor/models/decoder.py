@@ -108,19 +108,29 @@ class DecoderForCausalLM(nn.Module):
         positions: torch.Tensor,  # [num_tokens]
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
+        layers: tuple[int, int] | None = None,  # only these [first, end); None: all
+        hidden: torch.Tensor | None = None,  # [num_tokens, hidden] layer `first`'s input
     ) -> torch.Tensor:  # [num_tokens, hidden], before the final norm
-        h = self._embed(input_ids)
-        if self.spec.embed_scale != 1.0:
-            # Gemma scales by sqrt(hidden) rounded to the activations' dtype, as transformers.
-            h = h * torch.tensor(self.spec.embed_scale, dtype=h.dtype)
+        """The decoder layers over this step's tokens; with `layers`, a part of them (a deep
+        prompt chunk computed over several steps), from `hidden` when it does not start at 0."""
+        first, end = (0, len(self.layers)) if layers is None else layers
+        if first == 0:
+            h = self._embed(input_ids)
+            if self.spec.embed_scale != 1.0:
+                # Gemma scales by sqrt(hidden) rounded to the activations' dtype, as transformers.
+                h = h * torch.tensor(self.spec.embed_scale, dtype=h.dtype)
+        elif hidden is None:
+            raise ValueError(f"layers from {first} need the hidden states of layer {first - 1}")
+        else:
+            h = hidden
         rows = positions
         if self.spec.rope_switch_len is not None:
             rows = self._longrope_rows(positions, meta)
         cos = self.cos[rows].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, table width]
         sin = self.sin[rows].to(h.dtype).unsqueeze(1)
         rotary = self.layer_rotary(cos, sin)
-        for i, layer in enumerate(self.layers):
-            h = layer(h, *rotary[i], kv_cache[i], meta)
+        for i in range(first, end):
+            h = self.layers[i](h, *rotary[i], kv_cache[i], meta)
         return h
 
     def layer_rotary(
