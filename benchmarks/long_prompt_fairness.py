@@ -72,7 +72,9 @@ async def measure(url: str, args: argparse.Namespace) -> dict:
     long = [rng.randrange(100, args.vocab_size) for _ in range(args.long_len)]
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        await stream_gaps(session, url, [5, 6, 7], 4, [])  # warm-up
+        # Warm-up: a fresh server's first few dozen decode steps run slower (its memory is
+        # first touched then), which would make the idle reference look slow.
+        await stream_gaps(session, url, [5, 6, 7], 2 * args.idle_tokens, [])
         idle: list[float] = []
         await stream_gaps(session, url, short, args.idle_tokens, idle)
         times: list[float] = []
