@@ -8,6 +8,7 @@ from dataclasses import replace
 from services.scheduler.layer_parts import LayerPart, plan_layer_part
 from services.scheduler.lookahead import lookahead_seqs
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.sequence import Sequence
 from shared.protocol import ExecutorReady
 from tests.support.scheduler_steps import add, make_scheduler, step
 
@@ -26,6 +27,16 @@ def parted(cap: int = 8, budget: int = 32, read_rows: float = READ, **kwargs) ->
         context_read_rows=read_rows, num_layers=LAYERS,
     )  # fmt: skip
     return Scheduler(config, ready)
+
+
+def between_parts(scheduler: Scheduler) -> Sequence:
+    """A stream decodes and a long prompt's chunk is under way, its first part reported."""
+    add(scheduler, "s", 3, max_tokens=100)
+    step(scheduler)
+    seq = add(scheduler, "long", 60, first=20, max_tokens=2).seqs[0]
+    while seq.layer_part is None or seq.layer_part.done == 0:
+        step(scheduler)
+    return seq
 
 
 def test_the_rule_leaves_shallow_chunks_whole_and_splits_deep_ones():
@@ -77,12 +88,7 @@ def test_a_deep_chunk_runs_in_parts_last_in_the_plan_and_samples_at_its_last_lay
 
 def test_a_part_alone_takes_the_rest_of_its_layers_at_once():
     scheduler = parted()
-    add(scheduler, "s", 3, max_tokens=100)
-    step(scheduler)
-    long = add(scheduler, "long", 60, first=20, max_tokens=2)
-    seq = long.seqs[0]
-    while seq.layer_part is None or seq.layer_part.done == 0:
-        step(scheduler)
+    seq = between_parts(scheduler)
     done = seq.layer_part.done
     scheduler.abort("s")  # no one waits on the steps any more
     plan, _ = step(scheduler)
@@ -93,13 +99,8 @@ def test_a_part_alone_takes_the_rest_of_its_layers_at_once():
 def test_preemption_between_parts_starts_the_chunk_again_from_its_first_layer():
     for mode in ("swap", "recompute"):
         scheduler = parted(preemption_mode=mode)
-        add(scheduler, "s", 3, max_tokens=100)
-        step(scheduler)
-        long = add(scheduler, "long", 60, first=20, max_tokens=2)
-        seq = long.seqs[0]
-        while seq.layer_part is None or seq.layer_part.done == 0:
-            step(scheduler)
-        scheduler._preempt(long, [])
+        seq = between_parts(scheduler)
+        scheduler._preempt(scheduler.groups["long"], [])
         assert seq.layer_part is None, mode
         while True:
             plan, _ = step(scheduler)
