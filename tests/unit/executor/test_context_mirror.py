@@ -3,6 +3,8 @@ chunk, and a mirror is dropped, rebuilt or refused whenever it could disagree wi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -128,3 +130,24 @@ def test_a_mirrored_span_without_its_layer_is_refused():
     q, k = torch.randn(2, HEADS, DIM), torch.randn(2, KV_HEADS, DIM)
     with pytest.raises(ValueError, match="layer"):
         paged_attention(q, kv[0, 0], kv[0, 1], meta, 0.3, k, k)
+
+
+def test_a_later_layer_part_continues_its_mirror_or_refills_it_through_its_chunk():
+    # A deep chunk computed in layer parts: the part after the first finds the chunk's
+    # positions already in the mirror (its earlier layers wrote them), and a mirror lost in
+    # between (the sequence missed a step) comes back filled through the chunk's end.
+    kv = pool()
+    blocks = list(range(10))  # 40 positions
+    mirrors = ContextMirrors(kv, budget_bytes=1 << 20, max_len=BLOCKS * BLOCK, min_context=8)
+    first = replace(seq(1, 12, 6), layers=(0, 1))
+    later = replace(seq(1, 12, 6), layers=(1, 2))
+    [mirror] = mirrors.for_step([first], table(blocks))
+    fills = mirrors.fills
+    [again] = mirrors.for_step([later], table(blocks))
+    assert again is mirror and mirrors.fills == fills  # continued, not rebuilt
+    mirrors.for_step([], table(blocks))  # a step without it: the mirror goes
+    [refilled] = mirrors.for_step([later], table(blocks))
+    assert mirrors.fills == fills + 1
+    # [L, 2, positions, kv_heads, D] from the blocks -> the mirror's [L, 2, kv_heads, pos, D]
+    expected = kv[:, :, blocks].reshape(LAYERS, 2, -1, KV_HEADS, DIM)[:, :, :18]
+    assert torch.equal(refilled[:, :, :, :18], expected.permute(0, 1, 3, 2, 4))
