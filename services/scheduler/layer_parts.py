@@ -38,9 +38,9 @@ def plan_layer_part(
     read_rows: float,  # R
     num_layers: int,
 ) -> LayerPart | None:
-    """The chunk at this context in parts, or None where one step holds it as today: where the
-    context read is at most a quarter of the cap (the share rule's smaller chunks then keep a
-    step within about one and a quarter caps), or where the model is not priced.
+    """The chunk at this context in parts, or None where one step holds it as today: where a
+    cap's rows (or what the prompt or the budget has left) would cost less than two caps, so
+    that parts would be one big and one small step, or where the model is not priced.
 
     A chunk in parts takes as many rows as the cap holds context-free (fewer where even one
     layer per step would not keep a part within the cap), and each step as many layers as keep
@@ -49,12 +49,10 @@ def plan_layer_part(
         return None
     depth = context / context_cost_tokens  # a row's attention, in context-free tokens
     read = read_rows * depth
-    if 4 * read <= cap:
-        return None
     per_row = 1 + depth
     most = math.floor((num_layers * cap - read) / per_row)
     rows = max(1, min(uncomputed, budget, cap, most))
     layers_per_step = max(1, math.floor(num_layers * cap / (rows * per_row + read)))
-    if layers_per_step >= num_layers:
+    if 2 * layers_per_step > num_layers:
         return None
     return LayerPart(rows, layers_per_step)

@@ -40,16 +40,18 @@ def between_parts(scheduler: Scheduler) -> Sequence:
 
 
 def test_the_rule_leaves_shallow_chunks_whole_and_splits_deep_ones():
-    # At context 4 the read is 8 * 4 / 20 = 1.6 rows' worth, under a quarter of the cap of 8.
+    # At context 4 the cap's 8 rows cost 8 * 1.2 + a read of 8 * 4 / 20 = 11.2, under two caps
+    # of 8: in parts that would be one step of 4 layers and one of 2.
     assert plan_layer_part(4, 50, 32, 8, K, READ, LAYERS) is None
     # At context 20 it is 8: as many rows as the cap (8), costing 8 * 2 + 8 = 24, so each step
     # takes floor(6 * 8 / 24) = 2 of the 6 layers (a third of 24: the cap).
     assert plan_layer_part(20, 50, 32, 8, K, READ, LAYERS) == LayerPart(8, 2)
     # At context 40 (a read of 16, 3 per row) 8 rows cost 40: one layer per step.
     assert plan_layer_part(40, 50, 32, 8, K, READ, LAYERS) == LayerPart(8, 1)
-    # Fewer rows where the prompt, or the budget, has fewer left: more layers per step.
+    # Fewer rows where the prompt, or the budget, has fewer left: more layers per step, and
+    # none at all where the rows left cost under two caps.
     assert plan_layer_part(20, 3, 32, 8, K, READ, LAYERS) == LayerPart(3, 3)  # 6 + 8 = 14
-    assert plan_layer_part(20, 50, 2, 8, K, READ, LAYERS) == LayerPart(2, 4)  # 4 + 8 = 12
+    assert plan_layer_part(20, 50, 2, 8, K, READ, LAYERS) is None  # 4 + 8 = 12
     # Deep enough that one layer per step must keep each part within the cap: rows shrink to
     # (6 * 8 - 40) / 6 = 1 at context 100 (a row costs 6, the read 40).
     assert plan_layer_part(100, 50, 32, 8, K, READ, LAYERS) == LayerPart(1, 1)
