@@ -94,3 +94,24 @@ def test_seeded_samples_with_layer_parts_equal_those_without(tiny_model_dir, pro
         runs[parts] = [[o.token_ids for o in r.outputs] for r in results]
         assert_nothing_held(engine)
     assert runs[True] == runs[False]
+
+
+def test_a_prompt_aborted_between_its_parts_leaves_nothing_held(
+    tiny_model_dir, prompts, monkeypatch
+):
+    monkeypatch.setattr(executor_module, "CONTEXT_READ_ROWS", READ_ROWS)
+    monkeypatch.setattr(context_mirror, "MIN_CONTEXT", 16)
+    engine = LLMEngine(parted_config(tiny_model_dir, max_num_batched_tokens=64))
+    stream = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    engine.add_request(prompts[2], stream, request_id="stream")
+    engine.step()
+    engine.add_request(prompts[-1], SamplingParams(max_tokens=4), request_id="long")
+    parts = engine.executor.parts
+    while not parts.hidden:  # until a chunk waits between two of its parts
+        engine.step()
+    engine.abort("long")
+    engine.step()  # the next plan tells the executor to forget it
+    assert parts.hidden == {} and engine.executor.mirrors.bytes_held() == 0
+    engine.abort("stream")
+    engine.step()
+    assert_nothing_held(engine)
