@@ -178,7 +178,7 @@ class Executor:
         # learns tokens from every plan entry).
         self.parts: LayerParts | None = None
         if self.ops.name == "torch" and self.shard.size == 1 and self.draft is None:
-            self.parts = LayerParts(self.model.spec.num_layers)
+            self.parts = LayerParts(self.model)
         self._warm_up_kernels()
         self.graphs = self._capture_graphs(config)
 
@@ -597,7 +597,6 @@ class Executor:
             last = hidden[inputs.logits_rows] if batch_seqs else None  # [rows, hidden]
             if num_parts:  # their sampling rows follow the batch's, as their entries do
                 part_rows = self.parts.run(
-                    self.model,
                     plan.seqs[len(batch_seqs) :],
                     tables[len(batch_seqs) :],
                     None if mirrors is None else mirrors[len(batch_seqs) :],

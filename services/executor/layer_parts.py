@@ -30,13 +30,13 @@ def num_trailing_parts(seqs: list[ScheduledSeq]) -> int:
 class LayerParts:
     """The hidden states of chunks between their parts, one per sequence."""
 
-    def __init__(self, num_layers: int) -> None:
-        self.num_layers = num_layers
+    def __init__(self, model: torch.nn.Module) -> None:  # the executor's DecoderForCausalLM
+        self.model = model
+        self.num_layers = model.spec.num_layers
         self.hidden: dict[int, torch.Tensor] = {}  # seq_id -> [chunk tokens, hidden]
 
     def run(
         self,
-        model: torch.nn.Module,
         parts: list[ScheduledSeq],
         tables: torch.Tensor,  # [len(parts), max_blocks] int64, same order
         mirrors: list[torch.Tensor | None] | None,  # [len(parts)] each part's context mirror
@@ -65,7 +65,7 @@ class LayerParts:
                 reference_views=True,
                 mirrors=None if mirrors is None else mirrors[index : index + 1],
             )
-            hidden = model(
+            hidden = self.model(
                 inputs.input_ids,
                 inputs.positions,
                 kv_cache,

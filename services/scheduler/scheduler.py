@@ -310,7 +310,7 @@ class Scheduler:
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
                 continue  # preempted (or ended) earlier in this step
-            writes = self._part_writes(group, budget, cap, decoding)
+            writes = self._part_writes(group, live, budget, cap, decoding)
             if writes is None:
                 writes = self._plan_writes(group, self._share(group, budget, cap, decoding))
             if not writes:
@@ -421,12 +421,16 @@ class Scheduler:
         return spec_writes, added
 
     def _part_writes(
-        self, group: SequenceGroup, budget: int, cap: int | None, decoding: bool
+        self,
+        group: SequenceGroup,
+        live: list[Sequence],  # group.live_seqs(), as the step's loop has it
+        budget: int,
+        cap: int | None,
+        decoding: bool,
     ) -> list[tuple[Sequence, int]] | None:
         """A deep chunk's next layer part (its tokens, again), or a new chunk planned in parts;
         [] when the part must wait a step (the budget is spent), None for the usual share. Only
         a group of one sequence, that scores no prompt logprobs, under the per-request cap."""
-        live = group.live_seqs()
         if not self.context_read_rows or cap is None or len(live) != 1:
             return None
         seq = live[0]

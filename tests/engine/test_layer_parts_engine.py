@@ -12,7 +12,7 @@ from services.executor import context_mirror
 from services.executor import executor as executor_module
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
-from tests.support.engine_runs import CONTENDED_GREEDY, generate_recording_plans
+from tests.support.engine_runs import CONTENDED_GREEDY, generate_recording_plans, record_plans
 
 # The tiny model's context read is cheap; priced this high, its chunks split from a few dozen
 # tokens of context under a cap of 8 (each while the short prompts' streams decode).
@@ -27,19 +27,6 @@ def parted_config(model_dir, parts: bool = True, **kwargs):
 
 def layer_parts(plans) -> list:
     return [s for plan in plans for s in plan.seqs if s.layers is not None]
-
-
-def generate_with_plans(engine: LLMEngine, prompts, sampling):
-    """Every sample's outputs (generate()'s results), and the plans made on the way."""
-    plans = []
-    schedule = engine.scheduler.schedule
-
-    def recording():
-        plans.append(schedule())
-        return plans[-1]
-
-    engine.scheduler.schedule = recording
-    return engine.generate(prompts, sampling), plans
 
 
 def assert_nothing_held(engine: LLMEngine) -> None:
@@ -89,7 +76,8 @@ def test_seeded_samples_with_layer_parts_equal_those_without(tiny_model_dir, pro
     runs = {}
     for parts in (True, False):
         engine = LLMEngine(parted_config(tiny_model_dir, parts, max_num_batched_tokens=64))
-        results, plans = generate_with_plans(engine, prompts, sampling)
+        plans = record_plans(engine)
+        results = engine.generate(prompts, sampling)
         assert bool(layer_parts(plans)) == parts
         runs[parts] = [[o.token_ids for o in r.outputs] for r in results]
         assert_nothing_held(engine)

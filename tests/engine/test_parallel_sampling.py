@@ -5,19 +5,8 @@ from __future__ import annotations
 from services.engine.llm_engine import LLMEngine
 from shared.sampling import SamplingParams
 from tests.factories import engine_config
+from tests.support.engine_runs import record_plans
 from tests.support.reference_model import MAX_NEW_TOKENS, PROMPT_LENGTHS
-
-
-def _record_plans(engine: LLMEngine) -> list:
-    plans = []
-    original = engine.scheduler.schedule
-
-    def schedule():
-        plans.append(original())
-        return plans[-1]
-
-    engine.scheduler.schedule = schedule
-    return plans
 
 
 def test_forked_samples_share_prompt_blocks_and_copy_on_write(tiny_model_dir, prompts, hf_greedy):
@@ -25,7 +14,7 @@ def test_forked_samples_share_prompt_blocks_and_copy_on_write(tiny_model_dir, pr
     # the right K/V and no sample writes into another's block.
     index = PROMPT_LENGTHS.index(33)  # 33 tokens: two full blocks and one partial block
     engine = LLMEngine(engine_config(tiny_model_dir, block_size=16))
-    plans = _record_plans(engine)
+    plans = record_plans(engine)
     manager = engine.scheduler.block_manager
     at_fork = {}
 

@@ -11,20 +11,25 @@ GREEDY = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0.0, ignore_eos=T
 CONTENDED_GREEDY = SamplingParams(max_tokens=CONTENDED_NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
+def record_plans(engine: LLMEngine) -> list:
+    """The list every plan the engine's scheduler makes from now on is appended to."""
+    plans = []
+    original_schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        plans.append(original_schedule())
+        return plans[-1]
+
+    engine.scheduler.schedule = recording_schedule
+    return plans
+
+
 def generate_recording_plans(
     engine: LLMEngine, prompts: list[list[int]], sampling: SamplingParams = GREEDY
 ):
     """Each request's first sample's tokens, and every plan the scheduler made on the way
     (the block tables checked after every step)."""
-    plans = []
-    original_schedule = engine.scheduler.schedule
-
-    def recording_schedule():
-        plan = original_schedule()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = recording_schedule
+    plans = record_plans(engine)
     outputs = engine.generate(
         prompts, sampling, on_step=lambda e: e.scheduler.block_manager.check()
     )
