@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.metadata import host_to_device
+from kernels.metadata import host_to_device, int64_tensor
 
 
 class DeviceBlockTables:
@@ -80,11 +80,11 @@ class DeviceBlockTables:
             # One value per cell: a scatter with repeated indices has no defined winner on a GPU.
             last = {(slot, col): block for slot, col, block in self._writes}
             flat = [(slot, col, block) for (slot, col), block in last.items()]
-            writes = host_to_device(torch.tensor(flat, dtype=torch.int64).T, self.device)
+            writes = host_to_device(int64_tensor(flat).T, self.device)
             self.table[writes[0], writes[1]] = writes[2]
             self._writes = []
         width = max(max((self._length[s] for s in seq_ids), default=0), 1)
-        slots = torch.tensor([self._slot[s] for s in seq_ids], dtype=torch.int64)
+        slots = int64_tensor([self._slot[s] for s in seq_ids])
         rows = self.table[host_to_device(slots, self.device), :width]
         self._last = (list(seq_ids), rows)
         return rows

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.metadata import host_to_device
+from kernels.metadata import host_to_device, int64_tensor
 from kernels.ops import select_ops
 from services.executor.block_tables import DeviceBlockTables
 from services.executor.context_mirror import ContextMirrors
@@ -156,6 +156,7 @@ class Executor:
             self.grammars.matcher,
         )
         self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
+        self._freed_since_collect: list[int] = []  # not to be put back by a step in flight
         self._latest: StepInFlight | None = None  # the last launched step, until collected
         # --speculative-method draft: fills DRAFT_TOKEN slots before the forward pass
         # (fill(seqs) -> {seq_id: draft_probs [K, vocab]} or None) and learns how much of its
@@ -316,7 +317,9 @@ class Executor:
             flight.timer.wait()  # the step's last mark: after its copy, before the next step
             start = time.perf_counter()  # host work only: the wait above is the device's
             if flight.copy is not None:
-                tokens = self.sampling.records(flight.draws, flight.copy, flight.params)
+                tokens = self.sampling.records(
+                    flight.draws, flight.copy, flight.params, flight.draw_seq_ids
+                )
             timings = flight.timer.seconds()
             timings["records"] = time.perf_counter() - start
             accepted = 0
@@ -327,10 +330,11 @@ class Executor:
             flight.result.num_accepted = accepted
             if flight.prompt is not None:
                 flight.result.prompt_logprobs = flight.prompt.records()
-            for token in tokens:
-                # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
-                if token.seq_id in self.sampling:
-                    self._last_sampled[token.seq_id] = token.token_id
+            self._last_sampled.update((t.seq_id, t.token_id) for t in tokens)
+            # Not for a sequence freed by a plan launched meanwhile: it would stay forever.
+            for seq_id in self._freed_since_collect:
+                self._last_sampled.pop(seq_id, None)
+            self._freed_since_collect = []
         except Exception as exc:  # noqa: BLE001 - as in launch()
             flight.result = self._failure(flight.step_id, exc)
         return flight.result
@@ -401,6 +405,7 @@ class Executor:
                     self.draft.forget([seq_id])
                 self.grammars.forget(seq_id)
                 self._last_sampled.pop(seq_id, None)
+                self._freed_since_collect.append(seq_id)
 
     def _resolve_pending(
         self, plan: StepPlan
@@ -411,12 +416,24 @@ class Executor:
         rows to copy on the device from its sampled ids (the third value): (flat input row,
         row of its samples) pairs, or ALL_INPUTS. Tokens already on the host are filled into a
         copy of the plan. The caller's plan is left as it was sent."""
-        # A pending token is always a decode's only input: no scan of long prompt chunks.
         seqs = plan.seqs
+        prev = self._latest
+        if (
+            prev is not None
+            and prev.draw_seq_ids is not None
+            and self.shard.size == 1
+            and self.draft is None
+            and all(s.token_ids == _PENDING for s in seqs)
+            and prev.draw_seq_ids == [s.seq_id for s in seqs]
+        ):
+            # Most decode steps: the step in flight's sequences in its order, each decoding
+            # the token it is sampling, so its sampled ids are this step's inputs as they stand
+            # (what the general path below finds too, in a few more passes over the plan).
+            return plan, ALL_INPUTS, prev.device_tokens
+        # A pending token is always a decode's only input: no scan of long prompt chunks.
         pending = [i for i, s in enumerate(seqs) if s.token_ids[-1:] == _PENDING]
         if not pending:
             return plan, [], None
-        prev = self._latest
         on_device: list[int] = []
         if prev is not None:
             on_device = [i for i in pending if seqs[i].seq_id in prev.rows]
@@ -515,7 +532,8 @@ class Executor:
                 plan = dataclasses.replace(plan, seqs=[_own_tokens(s) for s in plan.seqs])
             # Tensor parallelism with a draft model is not supported: only rank 0 fills.
             draft_probs = self.draft.fill(plan.seqs) or {}
-        tables = self.block_tables.rows([s.seq_id for s in plan.seqs])
+        seq_ids = [s.seq_id for s in plan.seqs]
+        tables = self.block_tables.rows(seq_ids)
         # Deep chunks' layer parts (last in the plan) run on their own after the batch.
         num_parts = num_trailing_parts(plan.seqs) if self.parts is not None else 0
         if self.parts is None and plan.seqs and plan.seqs[-1].layers is not None:
@@ -538,13 +556,16 @@ class Executor:
             one_token_each=decodes,
         )
         draws = []
+        draw_seq_ids = None  # [len(draws)] when each draw is its own sequence's only one
         spec: list[SpecRows] = []
         sampling_seqs = [seq for seq in plan.seqs if seq.sample]
         row = 0  # logits row of the sequence's (first) draw
         # Most steps: one draw per sampling sequence, on its own logits row, and no loop below.
         one_each = not any(s.fork_seq_ids or s.num_spec_tokens for s in sampling_seqs)
         if one_each and driver:
-            draws = [Draw(i, s.seq_id) for i, s in enumerate(sampling_seqs)]
+            all_sample = len(sampling_seqs) == len(plan.seqs)
+            draw_seq_ids = seq_ids if all_sample else [s.seq_id for s in sampling_seqs]
+            draws = list(map(Draw, range(len(draw_seq_ids)), draw_seq_ids))
         for seq in [] if one_each else sampling_seqs:
             for index, child_id in enumerate(seq.fork_seq_ids, start=1):
                 # Known from now on; its first plan entry carries its whole table.
@@ -575,7 +596,7 @@ class Executor:
         if fills is ALL_INPUTS:
             inputs.input_ids.copy_(source)
         elif fills:
-            at, rows = host_to_device(torch.tensor(fills, dtype=torch.int64).T, self.device)
+            at, rows = host_to_device(int64_tensor(fills).T, self.device)
             inputs.input_ids[at] = source[rows]
         if driver:  # penalty counts of those inputs, on the device too, before the draws
             self.sampling.count_device_outputs(inputs.input_ids, batch_seqs)
@@ -629,6 +650,7 @@ class Executor:
             # asked-for logprobs) only.
             flight.copy = start_copy(output)
             flight.device_tokens = output.token_ids
+            flight.draw_seq_ids = draw_seq_ids
             if batch.num_logprobs >= 0:
                 flight.params = [self.sampling.seqs[d.seq_id].params for d in draws]
         # The copy is queued (on a CPU, done): the step's device work ends here, whatever runs

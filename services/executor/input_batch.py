@@ -12,6 +12,7 @@ from kernels.metadata import (
     arange_on,
     decode_metadata,
     host_to_device,
+    int64_tensor,
     metadata_from_table,
 )
 from shared.protocol import ScheduledSeq
@@ -61,10 +62,10 @@ def build_inputs(
         if s.sample:
             rows.extend(range(end - 1 - s.num_spec_tokens, end))
     return ModelInputs(
-        input_ids=host_to_device(torch.tensor(input_ids, dtype=torch.int64), device),
+        input_ids=host_to_device(int64_tensor(input_ids), device),
         positions=attention.positions,
         attention=attention,
-        logits_rows=host_to_device(torch.tensor(rows, dtype=torch.int64), device),
+        logits_rows=host_to_device(int64_tensor(rows), device),
     )
 
 
@@ -82,13 +83,13 @@ def _one_token_each(
     starts = [s.start_pos for s in seqs]
     if ids_on_device:
         input_ids = torch.empty(len(seqs), dtype=torch.int64, device=device)
-        positions = host_to_device(torch.tensor(starts, dtype=torch.int64), device)
+        positions = host_to_device(int64_tensor(starts), device)
     else:
         token_ids = [s.token_ids[0] for s in seqs]
-        input_ids, positions = host_to_device(torch.tensor([token_ids, starts]), device)
+        input_ids, positions = host_to_device(int64_tensor([token_ids, starts]), device)
     rows = [i for i, s in enumerate(seqs) if s.sample]
     if len(rows) < len(seqs):  # not every sequence samples: its own upload (rare)
-        logits_rows = host_to_device(torch.tensor(rows, dtype=torch.int64), device)
+        logits_rows = host_to_device(int64_tensor(rows), device)
     else:
         logits_rows = arange_on(len(seqs), device)
     attention = decode_metadata(starts, positions, table, block_size, reference_views)

@@ -36,6 +36,9 @@ class StepInFlight:
     copy: HostCopy | None = None  # the sampled ids (and logprobs) being copied to the host
     params: list[SamplingParams] | None = None  # each draw's, when some row wants logprobs
     device_tokens: torch.Tensor | None = None  # [len(draws)] int64 sampled ids on the device
+    # [len(draws)] each draw's sequence, where every draw is its sequence's only one (most
+    # steps): the next plan's inputs are device_tokens as they stand if it names these in order.
+    draw_seq_ids: list[int] | None = None
     prompt: PromptScores | None = None  # asked-for prompt logprobs, still on the device
     result: StepResult | None = None  # once collected (at launch for a failure)
     spec: list[SpecRows] = dataclasses.field(default_factory=list)  # speculating sequences
