@@ -74,6 +74,10 @@ def paged_attention(
         q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
         q_len = q.shape[1]
         if span.start_pos == 0 and new_key is not None and new_value is not None:
+            if span.mirror is not None:  # a long prompt's first chunk starts its mirror
+                if layer is None:
+                    raise ValueError("a mirrored span needs the layer")
+                _append_to_mirror(span, span.mirror[layer], new_key[rows], new_value[rows])
             k, v = new_key[rows].transpose(0, 1), new_value[rows].transpose(0, 1)
             o = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=scale, enable_gqa=True

@@ -5,9 +5,11 @@ every step and hands SDPA a head-strided view, which it copies again: at 7,800 t
 SmolLM2's context that is about 360 MB gathered plus as much re-laid out per step, whatever the
 chunk's size, so a deep chunk of four tokens cost as much as three decode steps for the streams
 waiting on it (`benchmarks/long_prompt_fairness.py`). A mirror keeps such a sequence's K/V in the
-layout attention reads ([layer, k|v, kv_head, position, head_dim]), filled once from the blocks
-and then only appended to by each chunk (kernels/reference.py), so a step reads the context once,
-in place. The blocks stay the truth: a mirror is rebuilt from them whenever it could disagree.
+layout attention reads ([layer, k|v, kv_head, position, head_dim]), started with the prompt's
+first chunk when the prompt's length says it will be that deep (else filled once from the blocks
+at its first deep chunk) and then only appended to by each chunk (kernels/reference.py), so a
+step reads the context once, in place. The blocks stay the truth: a mirror is rebuilt from them
+whenever it could disagree.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ContextMirrors:
         self.mirrors: dict[int, torch.Tensor] = {}  # seq_id -> [L, 2, kv_heads, capacity, D]
         self.lengths: dict[int, int] = {}  # seq_id -> positions the mirror holds
         self.prompt_lens: dict[int, int] = {}  # seq_id -> its prompt's length, until freed
+        self.made = 0  # mirrors started (at a long prompt's first chunk, or filled)
         self.fills = 0  # mirrors filled from the blocks (a first chunk deep enough, or a rebuild)
 
     def for_step(
@@ -72,7 +75,16 @@ class ContextMirrors:
         does not sample (a chunk that deep is often a single token; with a mirror it is not
         batched with the decodes, whose padded gather would then reach its whole context)."""
         chunk = len(seq.token_ids) > 1 or not seq.sample or seq.layers is not None
-        return chunk and not seq.num_spec_tokens and seq.start_pos >= self.min_context
+        if not chunk or seq.num_spec_tokens:
+            return False
+        if seq.start_pos >= self.min_context:
+            return True
+        # A prompt that will be that deep before it ends mirrors from its first chunk on: its
+        # chunks then append to the mirror, and none ever waits for a fill from the blocks (a
+        # fill touches fresh pages across the mirror's whole width: the longest step beside a
+        # long prompt, at about twice a deep step's time on this CPU).
+        prompt_len = self.prompt_lens.get(seq.seq_id, 0)
+        return prompt_len > self.min_context and seq.start_pos + len(seq.token_ids) < prompt_len
 
     def _continues(self, seq: ScheduledSeq) -> bool:
         """A prompt's last chunk of one token, right after the positions its mirror holds: it
@@ -107,7 +119,9 @@ class ContextMirrors:
             if mirror is None:
                 return None
         if fresh:
-            self._fill(mirror, table, known)
+            self.made += 1
+            if known:
+                self._fill(mirror, table, known)
         # The attention writes this step's K/V at start_pos:end (kernels/reference.py).
         self.lengths[seq.seq_id] = end
         return mirror

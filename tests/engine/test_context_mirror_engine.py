@@ -30,8 +30,10 @@ def test_mirrored_chunks_equal_transformers(tiny_model_dir, prompts, hf_greedy, 
     outputs, plans = generate_recording_plans(engine, prompts)
     assert outputs == hf_greedy
     mirrors = engine.executor.mirrors
-    # Each deep prompt was filled from its blocks once, then only appended to.
-    assert 0 < mirrors.fills < deep_chunks(plans)
+    # Each long prompt was mirrored from its first chunk on and only appended to: the
+    # scheduler tells the executor the prompt's length, so nothing was filled from blocks.
+    assert 0 < mirrors.made < deep_chunks(plans)
+    assert mirrors.fills == 0
     assert mirrors.bytes_held() == 0  # every prompt finished: nothing kept
 
 

@@ -48,7 +48,7 @@ def test_chunks_in_layer_parts_equal_transformers(
     parts = layer_parts(plans)
     # Chunks went in parts, some of them starting from a later layer.
     assert any(s.layers[0] > 0 for s in parts)
-    assert (engine.executor.mirrors.fills > 0) == mirrors
+    assert (engine.executor.mirrors.made > 0) == mirrors
     assert_nothing_held(engine)
 
 

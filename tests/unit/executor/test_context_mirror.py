@@ -48,25 +48,34 @@ def chunk_step(
     return outs
 
 
-def test_attention_over_a_mirror_equals_the_gathered_context_chunk_after_chunk():
+@pytest.mark.parametrize("prompt_len_from", ["first_chunk", "first_deep_chunk"])
+def test_attention_over_a_mirror_equals_the_gathered_context_chunk_after_chunk(prompt_len_from):
     blocks = [9, 3, 40, 7, 22, 51, 13, 30, 2, 61]  # 40 positions, scattered
     gathered, mirrored = pool(), pool()
     mirrors = ContextMirrors(mirrored, budget_bytes=1 << 20, max_len=BLOCKS * BLOCK, min_context=8)
     start = 0
-    # The first two run below min_context (no mirror yet); one-token chunks deep in a prompt
-    # read the mirror too, the prompt's last one (it samples) included. 26 prompt tokens.
+    # A prompt of 26 tokens, known to be that long from its first chunk (as the scheduler sends
+    # it), is mirrored from that chunk on: no fill from the blocks. Known only from its first
+    # chunk at min_context or deeper, the mirror starts there, filled once. One-token chunks
+    # deep in a prompt read the mirror too, the prompt's last one (it samples) included.
     steps = [(6, 0), (3, 0), (5, 0), (1, 0), (2, 0), (1, 0), (7, 0), (1, 1)]
+    from_start = prompt_len_from == "first_chunk"
+    told = False
     for n, sample in steps:
         gen_a, gen_b = torch.Generator().manual_seed(start), torch.Generator().manual_seed(start)
-        entry = seq(1, start, n, bool(sample), prompt_len=26 if start == 0 else None)
+        tell = not told and (from_start or start >= 8)
+        told |= tell
+        entry = seq(1, start, n, bool(sample), prompt_len=26 if tell else None)
         [mirror] = mirrors.for_step([entry], table(blocks))
-        assert (mirror is None) == (start < 8)
+        assert (mirror is None) == (not from_start and start < 8)
         expected = chunk_step(gathered, blocks, start, n, None, gen_a)
         got = chunk_step(mirrored, blocks, start, n, mirror, gen_b)
         for e, g in zip(expected, got, strict=True):
             torch.testing.assert_close(g, e)
         start += n
-    assert mirrors.fills == 1  # filled once, at the first deep chunk, then only appended to
+    assert mirrors.made == 1
+    # Filled once at the first deep chunk when started there; else only ever appended to.
+    assert mirrors.fills == (0 if from_start else 1)
     # The mirror holds exactly what the blocks hold, position by position.
     held = mirrors.mirrors[1][:, :, :, :start]  # [L, 2, kv_heads, start, D]
     from_blocks = mirrored[:, :, blocks].reshape(LAYERS, 2, -1, KV_HEADS, DIM)[:, :, :start]
