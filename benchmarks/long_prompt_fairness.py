@@ -13,6 +13,8 @@ other on fresh stacks (no prefix cache shared between them).
 Default settings: "old" (--max-num-batched-tokens 2048, no per-request cap: the defaults
 before), "cap256" and "cap32" (the per-request cap at 256 and 32 context-free tokens) and "new"
 (the defaults now: 512 on a CPU, 64 context-free prompt tokens per request while others decode).
+`--checkout label=path` serves one setting from another checkout (a git worktree of an earlier
+revision), so that two revisions compare in one run.
 """
 
 from __future__ import annotations
@@ -112,9 +114,11 @@ def run_setting(label: str, flags: str, args: argparse.Namespace) -> dict:
     argv = [sys.executable, "-m", "services.cli", "serve", "--port", "0"]
     argv += shlex.split(args.common) + shlex.split(flags)
     log_path = Path(tempfile.gettempdir()) / f"long_prompt_fairness.{label}.log"
+    # `python -m` imports the checkout it runs in: another revision's worktree serves its code.
+    root = Path(dict(r.split("=", 1) for r in args.checkout or []).get(label, ROOT))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            argv, cwd=ROOT, start_new_session=True, env=os.environ.copy(), stdout=log
+            argv, cwd=root, start_new_session=True, env=os.environ.copy(), stdout=log
         )
     try:
         url = wait_ready_url(proc, log_path, 600)
@@ -126,13 +130,22 @@ def run_setting(label: str, flags: str, args: argparse.Namespace) -> dict:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return {"setting": label, "flags": flags, **result}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+    ).stdout.strip()
+    return {"setting": label, "flags": flags, "commit": commit, **result}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", action="append", help="label=flags (repeatable)")
     parser.add_argument("--common", default="", help="flags for every setting (e.g. --model)")
+    parser.add_argument(
+        "--checkout",
+        action="append",
+        help="label=path: serve that setting from another checkout (e.g. a git worktree of an "
+        "earlier revision), so that two revisions compare in one run (repeatable)",
+    )
     parser.add_argument("--long-len", type=int, default=7800)
     parser.add_argument("--short-len", type=int, default=16)
     parser.add_argument("--idle-tokens", type=int, default=32)
@@ -162,7 +175,7 @@ def main() -> None:
             flush=True,
         )
     if args.json:
-        setup = {k: v for k, v in vars(args).items() if k not in ("json", "setting")}
+        setup = {k: v for k, v in vars(args).items() if k not in ("json", "setting", "checkout")}
         setup["cpus"] = os.cpu_count()
         setup["load_avg_1m_at_end"] = os.getloadavg()[0]
         with open(args.json, "w") as f:
