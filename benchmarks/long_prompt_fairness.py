@@ -67,6 +67,12 @@ def gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
+def p99(values: list[float]) -> float:
+    if len(values) < 2:  # one gap (a tiny smoke run): it is its own percentile
+        return max(values)
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
 async def measure(url: str, args: argparse.Namespace) -> dict:
     rng = random.Random(0)
     short = [rng.randrange(100, args.vocab_size) for _ in range(args.short_len)]
@@ -91,19 +97,31 @@ async def measure(url: str, args: argparse.Namespace) -> dict:
         done = time.perf_counter()
         stream.cancel()  # the client goes away: the server aborts the stream
         # Gaps that end while the long prompt is in (from its sending to its answer).
-        during = [b - a for a, b in zip(times, times[1:]) if sent < b <= done + 1e-3]
+        index = [i for i in range(1, len(times)) if sent < times[i] <= done + 1e-3]
+        if not index:  # a prompt answered within one gap (tiny runs): the gap it fell in
+            index = [next(i for i in range(1, len(times)) if times[i] > sent)]
+        during = [times[i] - times[i - 1] for i in index]
+        # The same stream alone, as far: its gaps at the same token positions (so at the same
+        # context of its own, which grows by hundreds of tokens while the long prompt runs).
+        # Cut by chunks, not max_tokens: a chunk may carry several tokens (text held back
+        # until it decodes), chunked alike in both runs since the tokens are the same.
+        alone: list[float] = []
+        rerun = asyncio.create_task(stream_gaps(session, url, other, args.stream_tokens, alone))
+        while len(alone) <= index[-1] and not rerun.done():
+            await asyncio.sleep(0.01)
+        rerun.cancel()
+        matched = [alone[i] - alone[i - 1] for i in index if i < len(alone)]
     return {
+        "idle_matched_max_gap_s": max(matched),
+        "idle_matched_median_gap_s": statistics.median(matched),
+        "idle_matched_p99_gap_s": p99(matched),
         "idle_max_gap_s": max(gaps(idle)),
         "idle_median_gap_s": statistics.median(gaps(idle)),
         "long_max_gap_s": max(during),
         "long_median_gap_s": statistics.median(during),
         # The longest of thousands of gaps holds the machine's own rare stalls too: the 99th
         # percentile says what most steps beside the prompt cost.
-        "long_p99_gap_s": (
-            statistics.quantiles(during, n=100, method="inclusive")[98]
-            if len(during) > 1
-            else max(during)  # one gap (a tiny smoke run): it is its own percentile
-        ),
+        "long_p99_gap_s": p99(during),
         "stream_tokens_during_long": len(during),
         "long_prompt_latency_s": done - sent,
     }
@@ -167,7 +185,9 @@ def main() -> None:
         r = rows[-1]
         print(
             f"{label}: idle max {r['idle_max_gap_s']:.2f} s (median "
-            f"{r['idle_median_gap_s']:.3f}); beside the long prompt max "
+            f"{r['idle_median_gap_s']:.3f}); the same stream alone at the same tokens max "
+            f"{r['idle_matched_max_gap_s']:.2f} s (p99 {r['idle_matched_p99_gap_s']:.3f}, "
+            f"median {r['idle_matched_median_gap_s']:.3f}); beside the long prompt max "
             f"{r['long_max_gap_s']:.2f} s (p99 {r['long_p99_gap_s']:.3f}, "
             f"median {r['long_median_gap_s']:.3f}, "
             f"{r['stream_tokens_during_long']} tokens); long prompt "
