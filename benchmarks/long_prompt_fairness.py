@@ -134,6 +134,9 @@ def run_setting(label: str, flags: str, args: argparse.Namespace) -> dict:
     log_path = Path(tempfile.gettempdir()) / f"long_prompt_fairness.{label}.log"
     # `python -m` imports the checkout it runs in: another revision's worktree serves its code.
     root = Path(dict(r.split("=", 1) for r in args.checkout or []).get(label, ROOT))
+    commit = subprocess.run(  # the code served (read before, not after, the run)
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+    ).stdout.strip()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             argv, cwd=root, start_new_session=True, env=os.environ.copy(), stdout=log
@@ -148,9 +151,6 @@ def run_setting(label: str, flags: str, args: argparse.Namespace) -> dict:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-    ).stdout.strip()
     return {"setting": label, "flags": flags, "commit": commit, **result}
 
 
