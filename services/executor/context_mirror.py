@@ -80,9 +80,8 @@ class ContextMirrors:
         if seq.start_pos >= self.min_context:
             return True
         # A prompt that will be that deep before it ends mirrors from its first chunk on: its
-        # chunks then append to the mirror, and none ever waits for a fill from the blocks (a
-        # fill touches fresh pages across the mirror's whole width: the longest step beside a
-        # long prompt, at about twice a deep step's time on this CPU).
+        # chunks then append to the mirror, and no step copies the context from the blocks
+        # into fresh pages across the mirror's whole width (which a fill does at once).
         prompt_len = self.prompt_lens.get(seq.seq_id, 0)
         return prompt_len > self.min_context and seq.start_pos + len(seq.token_ids) < prompt_len
 
