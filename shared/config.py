@@ -147,11 +147,11 @@ class SchedulerConfig:
     )  # fmt: skip
     # While other sequences decode, the prompt tokens one request computes per step, at most,
     # counted context-free and raised to the number of decoding sequences (a long prompt alone
-    # still takes the whole budget); None: 64 on a CPU, no cap elsewhere.
+    # still takes the whole budget); None: 32 on a CPU, no cap elsewhere.
     max_prefill_tokens_per_request: int | None = flag(
         None, "--max-prefill-tokens-per-request",
         "while other sequences decode, the prompt tokens one request computes per step, at "
-        "most, counted context-free and never below the number of decoding sequences (default: 64 "
+        "most, counted context-free and never below the number of decoding sequences (default: 32 "
         "on a CPU, no cap on a GPU; the token budget turns it off)",
     )  # fmt: skip
     # CPU: a prompt chunk deep enough that reading its context would outweigh the cap is
@@ -241,9 +241,10 @@ class SchedulerConfig:
         if self.max_prefill_tokens_per_request is not None:
             return self.max_prefill_tokens_per_request
         # On a CPU a step's time grows with its tokens, so every prompt token a step holds
-        # delays the running streams' next token; 64 gave the shortest gaps beside a 7,800-token
-        # prompt of 32-256 without slowing it (benchmarks/long_prompt_fairness.py).
-        return 64 if device_type == "cpu" else None
+        # delays the running streams' next token. Against the same stream alone, 32 kept the
+        # gaps beside a 7,800-token prompt within 2x in every round, 64 in half of them; the
+        # prompt takes about 1.8x as long (benchmarks/long_prompt_fairness.py, docs/benchmarks.md).
+        return 32 if device_type == "cpu" else None
 
 
 @dataclass(frozen=True)

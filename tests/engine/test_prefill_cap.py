@@ -118,14 +118,14 @@ def test_no_cap_and_a_cap_at_the_budget_leave_chunks_as_they_were():
 
 def test_defaults_depend_on_the_executors_device():
     config = SchedulerConfig()
-    assert (config.token_budget("cpu"), config.prefill_cap("cpu")) == (512, 64)
+    assert (config.token_budget("cpu"), config.prefill_cap("cpu")) == (512, 32)
     for device in ("cuda", "sim"):
         assert (config.token_budget(device), config.prefill_cap(device)) == (2048, None)
     explicit = SchedulerConfig(max_num_batched_tokens=2048, max_prefill_tokens_per_request=64)
     assert (explicit.token_budget("cpu"), explicit.prefill_cap("cuda")) == (2048, 64)
     ready = ExecutorReady(64, 16, 4, 128, 100, (2,), device_type="cpu")
     scheduler = Scheduler(config, ready)
-    assert (scheduler.token_budget, scheduler.prefill_cap) == (512, 64)
+    assert (scheduler.token_budget, scheduler.prefill_cap) == (512, 32)
     # Without chunked prefill no prompt is split, so there is nothing to cap.
     whole = Scheduler(replace(config, enable_chunked_prefill=False), ready)
     assert whole.prefill_cap is None
