@@ -12,7 +12,7 @@ other on fresh stacks (no prefix cache shared between them).
 
 Default settings: "old" (--max-num-batched-tokens 2048, no per-request cap: the defaults
 before), "cap256" and "cap32" (the per-request cap at 256 and 32 context-free tokens) and "new"
-(the defaults now: 512 on a CPU, 64 context-free prompt tokens per request while others decode).
+(the defaults now: 512 on a CPU, 32 context-free prompt tokens per request while others decode).
 `--checkout label=path` serves one setting from another checkout (a git worktree of an earlier
 revision), so that two revisions compare in one run.
 """

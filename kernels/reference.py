@@ -73,21 +73,20 @@ def paged_attention(
         rows = slice(span.query_start, span.query_end)
         q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
         q_len = q.shape[1]
+        mirrored = None  # this chunk's K/V appended to its mirror: the whole context, in place
+        if span.mirror is not None:  # (from a long prompt's first chunk on, start_pos 0)
+            if layer is None or new_key is None or new_value is None:
+                raise ValueError("a mirrored span needs the layer and this step's K/V")
+            mirrored = _append_to_mirror(span, span.mirror[layer], new_key[rows], new_value[rows])
         if span.start_pos == 0 and new_key is not None and new_value is not None:
-            if span.mirror is not None:  # a long prompt's first chunk starts its mirror
-                if layer is None:
-                    raise ValueError("a mirrored span needs the layer")
-                _append_to_mirror(span, span.mirror[layer], new_key[rows], new_value[rows])
             k, v = new_key[rows].transpose(0, 1), new_value[rows].transpose(0, 1)
             o = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=scale, enable_gqa=True
             )
         else:
             ctx = span.start_pos + q_len
-            if span.mirror is not None:
-                if layer is None or new_key is None or new_value is None:
-                    raise ValueError("a mirrored span needs the layer and this step's K/V")
-                k, v = _append_to_mirror(span, span.mirror[layer], new_key[rows], new_value[rows])
+            if mirrored is not None:
+                k, v = mirrored
             else:
                 k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
                 v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]

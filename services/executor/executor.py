@@ -294,12 +294,13 @@ class Executor:
             # Before the pending tokens are filled in, which may fail: the scheduler never names
             # the freed ids again, so a failed plan must still release them.
             self._forget(plan.freed_seq_ids)
-            plan, fills, source = self._resolve_pending(plan)
+            seq_ids = [s.seq_id for s in plan.seqs]  # once: both steps below read them
+            plan, fills, source = self._resolve_pending(plan, seq_ids)
             if self.shard.size > 1 and self.shard.is_driver:
                 if not self.ranks_alive():
                     raise RuntimeError("a tensor-parallel rank has exited")
                 self.ranks.send_plan(plan)
-            flight = self._launch(plan, fills, source)
+            flight = self._launch(plan, fills, source, seq_ids)
         except Exception as exc:  # noqa: BLE001 - reported to the scheduler, which ends requests
             flight = StepInFlight(plan.step_id, result=self._failure(plan.step_id, exc))
         if flight.result is None:
@@ -408,7 +409,9 @@ class Executor:
                 self._freed_since_collect.append(seq_id)
 
     def _resolve_pending(
-        self, plan: StepPlan
+        self,
+        plan: StepPlan,
+        seq_ids: list[int],  # [len(plan.seqs)] each entry's seq_id
     ) -> tuple[StepPlan, list[tuple[int, int]], torch.Tensor | None]:
         """A plan made while the previous step ran names its decode inputs PENDING_TOKEN: the
         token this executor sampled for that sequence in the previous step. Where that step is
@@ -424,7 +427,7 @@ class Executor:
             and self.shard.size == 1
             and self.draft is None
             and all(s.token_ids == _PENDING for s in seqs)
-            and prev.draw_seq_ids == [s.seq_id for s in seqs]
+            and prev.draw_seq_ids == seq_ids
         ):
             # Most decode steps: the step in flight's sequences in its order, each decoding
             # the token it is sampling, so its sampled ids are this step's inputs as they stand
@@ -499,6 +502,7 @@ class Executor:
         plan: StepPlan,
         fills: list[tuple[int, int]],  # (flat input row, row of source), or ALL_INPUTS
         source: torch.Tensor | None,  # [previous step's draws] int64 sampled ids on the device
+        seq_ids: list[int] | None = None,  # [len(plan.seqs)] each entry's seq_id, if at hand
     ) -> StepInFlight:
         timer = PhaseTimer(self.device)
         driver = self.shard.is_driver  # only rank 0 keeps sampling state, samples and answers
@@ -532,7 +536,8 @@ class Executor:
                 plan = dataclasses.replace(plan, seqs=[_own_tokens(s) for s in plan.seqs])
             # Tensor parallelism with a draft model is not supported: only rank 0 fills.
             draft_probs = self.draft.fill(plan.seqs) or {}
-        seq_ids = [s.seq_id for s in plan.seqs]
+        if seq_ids is None:
+            seq_ids = [s.seq_id for s in plan.seqs]
         tables = self.block_tables.rows(seq_ids)
         # Deep chunks' layer parts (last in the plan) run on their own after the batch.
         num_parts = num_trailing_parts(plan.seqs) if self.parts is not None else 0
