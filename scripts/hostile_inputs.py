@@ -12,7 +12,9 @@ Run from the repository root as a module: it drives the test suite's hostile har
         --rows messages_100k_x8@loop,messages_100k_x8@process
 
 A row's bodies are built and sent by the event loop that times the probe, or (`sender`
-"process", or NAME@process) each by a client process of its own, started before the row.
+"process", or NAME@process) each by a client process of its own, started before the row, or
+(NAME@idle-process) by such processes under SCHED_IDLE, so that the client's own CPU work does
+not count as the server's on this one machine.
 
 Serve flags this server does not know are left out with a note, so one command fits old and new.
 Exits 1 when a row shows a problem (a 5xx, an input not refused, an error body not OpenAI's, a
@@ -57,7 +59,7 @@ from tests.service.raw_http import hold_open
 from tests.service.stack_process import HEADERS, ServeProcess, metric, wait_metric
 
 PROBE_GRACE_S = 30.0  # a probe still streaming at a row's cap may finish within this
-SENDERS = ("loop", "process")
+SENDERS = ("loop", "process", "idle-process")
 GOAL_RATIO = 2.0  # the most a probe's longest gap or first-token time may grow beside an input
 
 
@@ -69,7 +71,8 @@ class Row:
     bodies: Callable[[Ctx], list[hp.Recipe]] | None = None  # HTTP calls, built as sent
     # Who builds and sends the bodies: "loop", the probe's own event loop; "process", a client
     # process per body (for bodies large enough that building and writing them would hold up
-    # the loop timing the probe, and so count the client's work as the server's).
+    # the loop timing the probe, and so count the client's work as the server's);
+    # "idle-process", the same under SCHED_IDLE (the client's CPU then is not the server's).
     sender: str = "loop"
     expect: str = "answered"  # no 5xx; "refused": every answer a 4xx; "closed": before the cap
     sequential: bool = False  # one call after another, the executor's RSS read after each
@@ -146,9 +149,9 @@ def sent_from_loop(ctx: Ctx, recipes: list[hp.Recipe]) -> list[Callable[[], Awai
 
 async def _process_senders(ctx: Ctx, row: Row) -> ProcessSenders | None:
     """The row's sender processes, started and each with its body built, before its clock."""
-    if row.bodies is None or row.sender != "process":
+    if row.bodies is None or row.sender not in ("process", "idle-process"):
         return None
-    senders = ProcessSenders(ctx.stack.url, row.bodies(ctx))
+    senders = ProcessSenders(ctx.stack.url, row.bodies(ctx), idle=row.sender == "idle-process")
     try:
         await senders.start()
     except BaseException:
@@ -338,8 +341,10 @@ def main() -> int:
         "--rows",
         default=None,
         help=f"comma-separated, of: {','.join(ROWS)}; "
-        "NAME@loop or NAME@process sends that row's bodies from the probe's "
-        "event loop or from a process per body (a row may be named twice)",
+        "NAME@loop, NAME@process or NAME@idle-process sends that row's bodies from the "
+        "probe's event loop, from a process per body, or from such processes under "
+        "SCHED_IDLE (a client elsewhere, as near as one machine allows; a row may be named "
+        "twice)",
     )
     parser.add_argument("--model", default=EMBEDDED_MODEL)
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",

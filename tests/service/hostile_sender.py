@@ -1,6 +1,8 @@
 """Hostile bodies built and sent by client processes of their own, so that the event loop that
 times the probe stream neither builds nor writes them (8 bodies of 3.5 MB each are a lot of a
-client's work on the server's own cores)."""
+client's work on the server's own cores). With `idle`, the senders post under SCHED_IDLE: an
+attacker's CPU is not the server's, and on one machine this is the nearest to a client
+elsewhere (its sends still cost the server what receiving them costs)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from multiprocessing.connection import Connection
 
 import aiohttp
 
+from shared.cpu_priority import run_when_idle
 from tests.service import hostile_payloads as hp
 from tests.service.hostile_client import post_to
 
@@ -22,14 +25,14 @@ class ProcessSenders:
     `calls()` tells one to post its body and returns its answer (the dict `post` returns, its
     wall time measured in that process from the post to the answer)."""
 
-    def __init__(self, url: str, recipes: list[hp.Recipe]) -> None:
+    def __init__(self, url: str, recipes: list[hp.Recipe], idle: bool = False) -> None:
         # Spawned, not forked: the parent runs an event loop and threads (the RSS sampler).
         context = multiprocessing.get_context("spawn")
         self._conns: list[Connection] = []
         self._procs = []
         for recipe in recipes:
             ours, theirs = context.Pipe()
-            proc = context.Process(target=_sender, args=(theirs, url, recipe), daemon=True)
+            proc = context.Process(target=_sender, args=(theirs, url, recipe, idle), daemon=True)
             self._conns.append(ours)
             self._procs.append(proc)
 
@@ -41,6 +44,10 @@ class ProcessSenders:
         for ready in await asyncio.wait_for(asyncio.gather(*readies), timeout_s):
             if ready != "ready":
                 raise RuntimeError(f"a sender process did not build its body: {ready}")
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [proc.pid for proc in self._procs]
 
     def calls(self) -> list[Callable[[], Awaitable[dict]]]:
         return [lambda conn=conn: _go(conn) for conn in self._conns]
@@ -79,15 +86,17 @@ async def _receive(conn: Connection) -> object:
         return "the sender process exited"
 
 
-def _sender(conn: Connection, url: str, recipe: hp.Recipe) -> None:
-    asyncio.run(_send(conn, url, recipe))
+def _sender(conn: Connection, url: str, recipe: hp.Recipe, idle: bool) -> None:
+    asyncio.run(_send(conn, url, recipe, idle))
 
 
-async def _send(conn: Connection, url: str, recipe: hp.Recipe) -> None:
+async def _send(conn: Connection, url: str, recipe: hp.Recipe, idle: bool) -> None:
     # Everything but the post itself before "ready": at the go this process only sends.
     call = recipe()
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+        if idle:
+            run_when_idle()
         conn.send("ready")
         await _receive(conn)  # go
         conn.send(await post_to(session, url, call))

@@ -5,6 +5,7 @@ bodies sent from processes of their own or from the probe's loop."""
 from __future__ import annotations
 
 import asyncio
+import os
 from functools import partial
 
 import pytest
@@ -149,6 +150,21 @@ async def test_process_senders_build_and_post_each_body():
     assert sorted(received) == sorted(recipe()[1] for recipe in recipes)
 
 
+async def test_idle_process_senders_post_under_sched_idle():
+    runner, url, received = await _body_server()
+    senders = ProcessSenders(url, [partial(many_messages, "m", 10)], idle=True)
+    try:
+        await senders.start()
+        # Set before "ready": at the go the process only sends, and only on idle CPU time.
+        assert [os.sched_getscheduler(pid) for pid in senders.pids] == [os.SCHED_IDLE]
+        (answer,) = await asyncio.gather(*(call() for call in senders.calls()))
+    finally:
+        senders.close()
+        await runner.cleanup()
+    assert (answer["path"], answer["status"]) == ("/v1/chat/completions", 200)
+    assert len(received) == 1
+
+
 async def test_process_senders_report_a_body_that_could_not_be_built():
     senders = ProcessSenders("http://127.0.0.1:9", [partial(many_messages, "m", "not a count")])
     try:
@@ -168,6 +184,7 @@ def test_a_row_named_with_a_sender():
         ROWS["messages_100k_x8"].what,
     )
     assert ROWS["messages_100k_x8"].sender == "process"
+    assert row_named("messages_100k_x8@idle-process").sender == "idle-process"
     assert row_named("enum_50k") is ROWS["enum_50k"]
     for bad in ("enum_50k@thread", "slow_head@process", "nope"):
         with pytest.raises(ValueError):
