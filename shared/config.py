@@ -154,6 +154,14 @@ class SchedulerConfig:
         "most, counted context-free and never below the number of decoding sequences (default: 32 "
         "on a CPU, no cap on a GPU; the token budget turns it off)",
     )  # fmt: skip
+    # While other requests run, the decode rows one request's samples take per step, at most
+    # (n > 1: its sequences take turns, the least advanced first); None: 8 on a CPU, no cap
+    # elsewhere. Beam search is exempt: its beams step together.
+    max_decode_rows_per_request: int | None = flag(
+        None, "--max-decode-rows-per-request",
+        "while other requests run, the decode rows one request (n > 1) takes per step, at most; "
+        "its samples take turns (default: 8 on a CPU, no cap on a GPU; beam search is exempt)",
+    )  # fmt: skip
     # CPU: a prompt chunk deep enough that reading its context would outweigh the cap is
     # computed a few decoder layers per step (services/scheduler/layer_parts.py).
     layer_parts: bool = flag(
@@ -216,6 +224,7 @@ class SchedulerConfig:
         _positive(
             "max_prefill_tokens_per_request", self.max_prefill_tokens_per_request, allow_none=True
         )
+        _positive("max_decode_rows_per_request", self.max_decode_rows_per_request, allow_none=True)
         if self.preemption_mode not in typing.get_args(PreemptionMode):
             raise ValueError(
                 f"preemption_mode must be swap or recompute, got {self.preemption_mode!r}"
@@ -245,6 +254,16 @@ class SchedulerConfig:
         # gaps beside a 7,800-token prompt within 2x in every round, 64 in half of them; the
         # prompt takes about 1.8x as long (benchmarks/long_prompt_fairness.py, docs/benchmarks.md).
         return 32 if device_type == "cpu" else None
+
+    def decode_row_cap(self, device_type: str) -> int | None:
+        """max_decode_rows_per_request on this device type; None: no cap."""
+        if self.max_decode_rows_per_request is not None:
+            return self.max_decode_rows_per_request
+        # On a CPU a decode step's time grows with its rows (a 16-row step takes about twice
+        # a 1-row one's), so one request with n = 64 made every other stream's step 3.4x as
+        # long; 8 rows keep a step beside it within about 2x of a lone stream's
+        # (scripts/hostile_inputs.py, docs/reliability.md). A GPU step costs about the same.
+        return 8 if device_type == "cpu" else None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,12 @@ from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from services.scheduler.speculation import Speculation
 from services.scheduler.step_plans import PlanEntry, StepPlans
 from services.scheduler.stop_rules import check_stop, max_output_tokens
-from services.scheduler.token_budget import budget_order, share, step_prefill_cap
+from services.scheduler.token_budget import (
+    budget_order,
+    capped_decode_rows,
+    share,
+    step_prefill_cap,
+)
 from shared.config import GrammarConfig, SchedulerConfig, SpeculativeConfig
 from shared.errors import (
     InvalidRequestError,
@@ -92,6 +97,8 @@ class Scheduler:
         # Prompt tokens per request and step while others decode (chunks only split when chunked).
         cap = config.prefill_cap(ready.device_type) if config.enable_chunked_prefill else None
         self.prefill_cap = cap if cap is not None and cap < self.token_budget else None
+        # Decode rows per request and step while other requests run (n > 1 takes turns).
+        self.decode_row_cap = config.decode_row_cap(ready.device_type)
         self.context_cost_tokens = ready.context_cost_tokens
         # Deep chunks in layer parts where the executor computes them (layer_parts.py).
         self.context_read_rows = ready.context_read_rows if config.layer_parts else 0.0
@@ -311,6 +318,8 @@ class Scheduler:
             if not live or live[0].status is not SeqStatus.RUNNING:
                 continue  # preempted (or ended) earlier in this step
             writes = self._part_writes(group, live, budget, cap, decoding)
+            if writes is None:
+                writes = capped_decode_rows(group, live, self.decode_row_cap, len(self.running) > 1)
             if writes is None:
                 writes = self._plan_writes(group, self._share(group, budget, cap, decoding))
             if not writes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.scheduler.sequence import SequenceGroup
+from services.scheduler.sequence import Sequence, SequenceGroup
 
 
 def budget_order(running: list[SequenceGroup], order: str) -> list[SequenceGroup]:
@@ -63,3 +63,22 @@ def share(
 
 def is_decoding(group: SequenceGroup) -> bool:
     return all(seq.num_uncomputed_tokens <= 1 for seq in group.live_seqs())
+
+
+def capped_decode_rows(
+    group: SequenceGroup,
+    live: list[Sequence],
+    row_cap: int | None,
+    others_running: bool,
+) -> list[tuple[Sequence, int]] | None:
+    """A decoding request's rows this step when the per-request row cap binds (its samples
+    take turns, the least advanced first, so none falls more than a step behind), or None:
+    no cap, the request alone, fewer sequences than the cap, or a beam search (its beams
+    step together)."""
+    if row_cap is None or not others_running or len(live) <= row_cap or group.beam is not None:
+        return None
+    if not is_decoding(group):
+        return None
+    # sorted() is stable: among equals the group's own order, so the same step repeats alike.
+    behind = sorted(live, key=lambda seq: seq.num_tokens)
+    return [(seq, 1) for seq in behind[:row_cap] if seq.num_uncomputed_tokens == 1]

@@ -28,6 +28,7 @@ EVERY_FLAG = (
     "--num-device-blocks 40 --kv-cache-gb 0.5 --swap-space-gb 0.25 --context-mirror-gb 0.125 "
     "--max-num-seqs 9 "
     "--max-num-batched-tokens 300 --max-prefill-tokens-per-request 33 --no-chunked-prefill "
+    "--max-decode-rows-per-request 5 "
     "--no-layer-parts "
     "--preemption-mode swap --budget-order arrival --scheduling-policy priority "
     "--kv-policy orca-max --no-prefix-caching --no-async-scheduling "
