@@ -259,10 +259,10 @@ class SchedulerConfig:
         """max_decode_rows_per_request on this device type; None: no cap."""
         if self.max_decode_rows_per_request is not None:
             return self.max_decode_rows_per_request
-        # On a CPU a decode step's time grows with its rows (a 16-row step takes about twice
-        # a 1-row one's), so one request with n = 64 made every other stream's step 3.4x as
-        # long; 8 rows keep a step beside it within about 2x of a lone stream's
-        # (scripts/hostile_inputs.py, docs/reliability.md). A GPU step costs about the same.
+        # On a CPU a decode step's time grows with its rows: beside one request with n = 64 a
+        # stream's longest gap was 3.4-7.3x its idle gap, with 8 rows 1.3-1.7x, the n = 64
+        # request taking about 1.5x as long (docs/reliability.md, "The n = 64 rows"). A GPU
+        # step's time hardly grows with its rows: no cap there.
         return 8 if device_type == "cpu" else None
 
 
