@@ -149,7 +149,7 @@ def sent_from_loop(ctx: Ctx, recipes: list[hp.Recipe]) -> list[Callable[[], Awai
 
 async def _process_senders(ctx: Ctx, row: Row) -> ProcessSenders | None:
     """The row's sender processes, started and each with its body built, before its clock."""
-    if row.bodies is None or row.sender not in ("process", "idle-process"):
+    if row.bodies is None or row.sender == "loop":
         return None
     senders = ProcessSenders(ctx.stack.url, row.bodies(ctx), idle=row.sender == "idle-process")
     try:

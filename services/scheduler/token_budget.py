@@ -77,8 +77,8 @@ def capped_decode_rows(
     step together)."""
     if row_cap is None or not others_running or len(live) <= row_cap or group.beam is not None:
         return None
-    if not is_decoding(group):
-        return None
+    if any(seq.num_uncomputed_tokens > 1 for seq in live):
+        return None  # not decoding (a prompt, a recompute): the token budget shares it
     # sorted() is stable: among equals the group's own order, so the same step repeats alike.
     behind = sorted(live, key=lambda seq: seq.num_tokens)
     return [(seq, 1) for seq in behind[:row_cap] if seq.num_uncomputed_tokens == 1]
