@@ -300,7 +300,7 @@ class Scheduler:
             # Its counters would count the step in flight as not computed and plan it again.
             raise RuntimeError("schedule() while a step is in flight: await its result first")
         budget = self.token_budget
-        cap, decoding = step_prefill_cap(self.running, self.prefill_cap)
+        cap, decoding = step_prefill_cap(self.running, self.prefill_cap, self.decode_row_cap)
         entries: list[PlanEntry] = []
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []

@@ -24,18 +24,27 @@ def budget_order(running: list[SequenceGroup], order: str) -> list[SequenceGroup
 
 
 def step_prefill_cap(
-    running: list[SequenceGroup], prefill_cap: int | None
+    running: list[SequenceGroup], prefill_cap: int | None, row_cap: int | None = None
 ) -> tuple[int | None, bool]:
     """This step's cap on one request's prompt tokens: while some running group decodes,
     so that a long prompt does not stretch the step its streams wait on, and while requests
     wait to start, so that a long prompt does not take the whole budget from their first
-    chunks until it is done. A step that already computes one token for each of D decoding
-    sequences may take up to D prompt tokens per request (that at most doubles it): the cap
-    binds with few streams. Also whether any sequence decodes this step."""
+    chunks until it is done. A step that already computes D decode rows may take up to D
+    prompt tokens per request (that at most doubles it): the cap binds with few streams.
+    D counts rows, not sequences: beside others a request of n samples decodes at most
+    `row_cap` of them per step (capped_decode_rows). Also whether any sequence decodes."""
     if prefill_cap is None:
         return None, False
-    decoding = sum(g.num_seats for g in running if is_decoding(g))
+    others = len(running) > 1
+    decoding = sum(_decode_rows(g, row_cap, others) for g in running if is_decoding(g))
     return max(prefill_cap, decoding), decoding > 0
+
+
+def _decode_rows(group: SequenceGroup, row_cap: int | None, others_running: bool) -> int:
+    """The decode rows a decoding group takes this step (capped_decode_rows' bound)."""
+    if row_cap is None or not others_running or group.beam is not None:
+        return group.num_seats
+    return min(group.num_seats, row_cap)
 
 
 def share(

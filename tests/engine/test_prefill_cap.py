@@ -86,6 +86,28 @@ def test_the_cap_grows_to_the_number_of_decoding_sequences():
     assert shares(plan)[long.seqs[0].seq_id] == 10
 
 
+def test_the_cap_grows_to_the_decode_rows_not_to_a_wide_requests_samples():
+    # Beside other requests a request of n = 10 decodes at most 6 of its samples per step
+    # (the decode-row cap): a prompt's chunk grows to those 6 rows, not to the 10 samples.
+    scheduler = capped(cap=4, budget=64)
+    scheduler.decode_row_cap = 6
+    add(scheduler, "wide", 3, n=10, temperature=1.0, max_tokens=40)
+    step(scheduler)
+    step(scheduler)  # its ten samples decode, alone: every row
+    long = add(scheduler, "long", 60, first=20, max_tokens=2)
+    seq = long.seqs[0]
+    rows, chunks = [], []
+    for _ in range(3):
+        plan, _ = step(scheduler)
+        share = shares(plan)
+        chunks.append(share.pop(seq.seq_id))
+        rows.append(len(share))
+    # Joining, the prompt meets the wide request alone in the running set: all ten rows, and a
+    # chunk of ten. Then the wide request takes turns for six rows, and the chunk is six.
+    assert rows == [10, 6, 6]
+    assert chunks == [10, 6, 6]
+
+
 def test_a_lone_long_prompt_still_takes_the_whole_budget():
     scheduler = capped(cap=8)
     long = add(scheduler, "long", 70, first=20, max_tokens=2)
