@@ -116,13 +116,16 @@ class Stack:
         return {}
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        # A session of their own: Ctrl-C reaches only the launcher, which stops them in order.
+        # A process group of their own: Ctrl-C reaches only the launcher, which stops them in
+        # order. Not a session of their own: with Linux's autogroups each session is a
+        # scheduling group, and groups share the cores before priorities inside them count, so
+        # the gateway's SCHED_IDLE parser took its group's half of the cores from the steps.
         self.argv[name] = argv
         self.envs[name] = env if env is not None else self.envs.get(name)
         if name not in self.budgets:
             self.budgets[name] = RestartBudget(self.args.max_restarts, self.args.restart_window)
         self.procs[name] = subprocess.Popen(
-            [sys.executable, *argv], start_new_session=True, env=self.envs[name]
+            [sys.executable, *argv], process_group=0, env=self.envs[name]
         )
 
     def restart(self, name: str) -> bool:
@@ -296,6 +299,10 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # The services are background process groups of this session (Stack._spawn): on a terminal
+    # set to `stty tostop` their first log line would stop them. Ignored (which exec keeps),
+    # SIGTTOU lets their writes through.
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     try:
         stack.start()
         problem = stack.wait_ready(START_TIMEOUT_S, lambda: stopping["signal"] is not None)

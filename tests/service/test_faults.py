@@ -4,6 +4,7 @@ scheduler is replaced by the launcher; no request is lost to a dead executor, no
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import aiohttp
@@ -29,6 +30,17 @@ def serve(tiny_model_dir):
     )  # fmt: skip
     yield stack
     assert stack.stop() == 0  # SIGTERM still stops all three in order, after restarts too
+
+
+def test_the_services_share_the_launchers_session_each_in_a_group_of_its_own(serve):
+    # A session each would make each a scheduling group of its own under Linux's autogroups,
+    # where the gateway's SCHED_IDLE body parser took its group's half of the cores from the
+    # executor's steps (docs/reliability.md, "sixth round"). A process group each: Ctrl-C on
+    # the launcher's terminal reaches only the launcher, which stops them in order.
+    launcher = serve.proc.pid
+    for name, pid in serve.pids.items():
+        assert os.getsid(pid) == os.getsid(launcher), name
+        assert os.getpgid(pid) == pid, name
 
 
 def _bodies(model: str) -> list[dict]:
