@@ -1,13 +1,16 @@
 """Hostile bodies built and sent by client processes of their own, so that the event loop that
 times the probe stream neither builds nor writes them (8 bodies of 3.5 MB each are a lot of a
-client's work on the server's own cores). With `idle`, the senders post under SCHED_IDLE: an
-attacker's CPU is not the server's, and on one machine this is the nearest to a client
-elsewhere (its sends still cost the server what receiving them costs)."""
+client's work on the server's own cores). With `idle`, the senders post under SCHED_IDLE from
+a session of their own whose scheduling group runs at nice 19: an attacker's CPU is not the
+server's, and on one machine this is the nearest to a client elsewhere (its sends still cost
+the server what receiving them costs). SCHED_IDLE alone ranks a process only within its
+session's scheduling group (Linux's autogroups), and the server's processes are another."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 
@@ -86,6 +89,17 @@ async def _receive(conn: Connection) -> object:
         return "the sender process exited"
 
 
+def _lowest_group_of_its_own() -> None:
+    """A session of its own (so an autogroup of its own) at the lowest nice there is; where
+    autogroups are off or absent this changes nothing that matters."""
+    try:
+        os.setsid()
+        with open("/proc/self/autogroup", "w") as group:
+            group.write("19")
+    except OSError:
+        pass
+
+
 def _sender(conn: Connection, url: str, recipe: hp.Recipe, idle: bool) -> None:
     asyncio.run(_send(conn, url, recipe, idle))
 
@@ -96,6 +110,7 @@ async def _send(conn: Connection, url: str, recipe: hp.Recipe, idle: bool) -> No
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         if idle:
+            _lowest_group_of_its_own()
             run_when_idle()
         conn.send("ready")
         await _receive(conn)  # go

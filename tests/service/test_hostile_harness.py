@@ -150,13 +150,15 @@ async def test_process_senders_build_and_post_each_body():
     assert sorted(received) == sorted(recipe()[1] for recipe in recipes)
 
 
-async def test_idle_process_senders_post_under_sched_idle():
+async def test_idle_process_senders_post_under_sched_idle_in_a_session_of_their_own():
     runner, url, received = await _body_server()
     senders = ProcessSenders(url, [partial(many_messages, "m", 10)], idle=True)
     try:
         await senders.start()
         # Set before "ready": at the go the process only sends, and only on idle CPU time.
         assert [os.sched_getscheduler(pid) for pid in senders.pids] == [os.SCHED_IDLE]
+        # SCHED_IDLE ranks a process only within its session's scheduling group (autogroups).
+        assert [os.getsid(pid) for pid in senders.pids] == senders.pids
         (answer,) = await asyncio.gather(*(call() for call in senders.calls()))
     finally:
         senders.close()
