@@ -20,3 +20,17 @@ def run_when_idle(thread: bool = False) -> None:
     except (AttributeError, OSError):
         if not thread:
             os.nice(19)  # not Linux: the lowest priority there is
+
+
+def run_at_nice(nice: int, thread: bool = False) -> None:
+    """Set this process's (or, with `thread`, only the calling thread's) nice value to `nice`.
+
+    Work that must get some CPU while the steps keep every core busy (a request's body parse,
+    refused with a 503 past its deadline) cannot run under SCHED_IDLE, which gives it none.
+    Linux keeps a nice value per thread, and a process a thread starts takes that thread's.
+    """
+    target = threading.get_native_id() if thread else 0
+    try:
+        os.setpriority(os.PRIO_PROCESS, target, nice)
+    except (AttributeError, OSError):
+        pass  # no such call here, or not allowed: the default priority

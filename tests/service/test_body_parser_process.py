@@ -91,11 +91,18 @@ def _forked_parsers() -> list[int]:
     ]
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-async def test_the_parser_runs_only_on_cpu_time_the_steps_leave(inputs):
+@pytest.mark.skipif(not hasattr(os, "SCHED_OTHER"), reason="scheduling policies are Linux's")
+async def test_the_parser_and_its_forkserver_run_at_the_parsers_nice_and_the_gateway_does_not(
+    inputs,
+):
     await inputs.parse(_chat_body(10))
     (parser,) = _forked_parsers()
-    assert os.sched_getscheduler(parser) == os.SCHED_IDLE
+    forkserver = psutil.Process(parser).parent().pid
+    for pid in (parser, forkserver):
+        # A share of a core while the steps keep every core busy (SCHED_IDLE would give none).
+        assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+        assert os.getpriority(os.PRIO_PROCESS, pid) == input_work.PARSER_NICE
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # only the thread that started it was lowered
 
 
 async def test_a_parse_past_its_deadline_is_a_503_and_the_next_body_is_parsed(inputs, monkeypatch):
