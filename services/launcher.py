@@ -119,7 +119,8 @@ class Stack:
         # A process group of their own: Ctrl-C reaches only the launcher, which stops them in
         # order. Not a session of their own: with Linux's autogroups each session is a
         # scheduling group, and groups share the cores before priorities inside them count, so
-        # the gateway's SCHED_IDLE parser took its group's half of the cores from the steps.
+        # the gateway's low-priority body parser took its group's half of the cores from the
+        # executor's steps (docs/architecture.md, "background work and the cores").
         self.argv[name] = argv
         self.envs[name] = env if env is not None else self.envs.get(name)
         if name not in self.budgets:
