@@ -35,14 +35,26 @@ class PeerWatch:
 
     async def run(self) -> None:
         while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
-            if event & _JOINED:
-                self.num_peers += 1
-                if self._on_joined is not None:
-                    self._on_joined()
-            elif event & _LEFT:
-                self.num_peers = max(0, self.num_peers - 1)
-                if self._on_left is not None:
-                    self._on_left()
-                if self.num_peers == 0 and self._on_lost is not None:
-                    self._on_lost()
+            left = self._count(await self._monitor.recv_multipart())
+            # Events already queued behind this one first: a process replaced while this side
+            # was busy (starting up, say) has its predecessor's leave queued before its own
+            # join, and the peer count is only right after both.
+            while await self._monitor.poll(timeout=0):
+                left |= self._count(await self._monitor.recv_multipart())
+            if left and self.num_peers == 0 and self._on_lost is not None:
+                self._on_lost()
+
+    def _count(self, frames: list[bytes]) -> bool:
+        """Counts one monitor event; whether a peer left."""
+        event = parse_monitor_message(frames)["event"]
+        if event & _JOINED:
+            self.num_peers += 1
+            if self._on_joined is not None:
+                self._on_joined()
+            return False
+        if event & _LEFT:
+            self.num_peers = max(0, self.num_peers - 1)
+            if self._on_left is not None:
+                self._on_left()
+            return True
+        return False
