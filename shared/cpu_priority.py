@@ -9,10 +9,11 @@ import threading
 def run_when_idle(thread: bool = False) -> None:
     """Put this process (or, with `thread`, only the calling thread) under SCHED_IDLE.
 
-    At nice 10 a grammar compile still took about a tenth of a shared core, and a step waits for
-    its slowest torch thread, so other streams' gaps grew 4-5x while a big grammar compiled.
-    SCHED_IDLE runs it only when a core has nothing else to run. Linux schedules threads as
-    tasks of their own, so a thread id works where a process id does.
+    SCHED_IDLE runs it only when a core has nothing else to run: for short work that may wait
+    (loading a compiled grammar). Work that must finish while the steps keep every core busy
+    gets none here (run_at_nice). It ranks a task only within its session's scheduling group
+    (Linux's autogroups). Linux schedules threads as tasks of their own, so a thread id works
+    where a process id does.
     """
     target = threading.get_native_id() if thread else 0
     try:

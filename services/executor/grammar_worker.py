@@ -33,18 +33,16 @@ POLL_S = 0.1  # how soon a compile nobody waits for any more is stopped
 # seconds of start-up, in which every other grammar request waits.
 CANCEL_AFTER_S = 1.0
 _HEADER = struct.Struct("<Q")
-
-
-class CompileFailed(Exception):
-    """The spec does not compile, or its compile ran out of time (the message says which)."""
-
-
 # The worker runs at nice 19: a compile takes little from the steps and still gets some CPU while
 # they keep every core busy. Under SCHED_IDLE, with every service in one session (as the
 # launcher starts them), a stream running all the time left it none: 0 of 20 grammars of
 # 2,000-5,000 strings compiled in 300 s, against 19 at nice 19 (docs/reliability.md, "sixth
 # round").
 WORKER_NICE = 19
+
+
+class CompileFailed(Exception):
+    """The spec does not compile, or its compile ran out of time (the message says which)."""
 
 
 class CompilerUnavailable(CompileFailed):

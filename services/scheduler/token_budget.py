@@ -42,9 +42,15 @@ def step_prefill_cap(
 
 def _decode_rows(group: SequenceGroup, row_cap: int | None, others_running: bool) -> int:
     """The decode rows a decoding group takes this step (capped_decode_rows' bound)."""
-    if row_cap is None or not others_running or group.beam is not None:
-        return group.num_seats
-    return min(group.num_seats, row_cap)
+    if _row_cap_applies(group, row_cap, others_running):
+        return min(group.num_seats, row_cap)
+    return group.num_seats
+
+
+def _row_cap_applies(group: SequenceGroup, row_cap: int | None, others_running: bool) -> bool:
+    """The per-request row cap counts for this group: set, others run, and not a beam search
+    (its beams step together)."""
+    return row_cap is not None and others_running and group.beam is None
 
 
 def share(
@@ -84,7 +90,7 @@ def capped_decode_rows(
     take turns, the least advanced first, so none falls more than a step behind), or None:
     no cap, the request alone, fewer sequences than the cap, or a beam search (its beams
     step together)."""
-    if row_cap is None or not others_running or len(live) <= row_cap or group.beam is not None:
+    if not _row_cap_applies(group, row_cap, others_running) or len(live) <= row_cap:
         return None
     if any(seq.num_uncomputed_tokens > 1 for seq in live):
         return None  # not decoding (a prompt, a recompute): the token budget shares it
