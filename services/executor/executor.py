@@ -158,6 +158,8 @@ class Executor:
         self._last_sampled: dict[int, int] = {}  # seq_id -> its last sampled token (rank 0)
         self._freed_since_collect: list[int] = []  # not to be put back by a step in flight
         self._latest: StepInFlight | None = None  # the last launched step, until collected
+        # Read by the grammar compile thread, which runs a compile in slices while steps run.
+        self.num_launched = 0
         # --speculative-method draft: fills DRAFT_TOKEN slots before the forward pass
         # (fill(seqs) -> {seq_id: draft_probs [K, vocab]} or None) and learns how much of its
         # own KV stays valid after verification (accepted(seq_id, num_valid_positions)).
@@ -290,6 +292,7 @@ class Executor:
         flight, is sampling: they are read from that step's device tensor, so this step is
         queued behind it and the device never waits for the host in between. Never raises: a
         failure is the flight's result."""
+        self.num_launched += 1
         try:
             # Before the pending tokens are filled in, which may fail: the scheduler never names
             # the freed ids again, so a failed plan must still release them.

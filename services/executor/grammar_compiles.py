@@ -41,8 +41,11 @@ class GrammarCompiles:
         store: GrammarStore,
         timeout_s: float,
         answer: Callable[[GrammarCompiled], None],
+        steps: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
+        # The executor's count of launched steps: while it moves, compiles run in slices.
+        self._steps = steps
         self.timeout_s = timeout_s
         self._answer = answer  # called on this thread only (its own socket: zmq's rule)
         # Each request with when it came: one still queued behind other compiles when its time
@@ -94,7 +97,7 @@ class GrammarCompiles:
             # started by a first grammar request on a machine kept busy by streams, under
             # SCHED_IDLE it had barely run and was still importing when the request's limit
             # (100 s) had long passed.
-            self.worker = CompileWorker(info.serialize_json())
+            self.worker = CompileWorker(info.serialize_json(), self._steps)
             self.worker.start_soon(imports_first=True)
         except Exception:  # noqa: BLE001 - the first compile tries again and reports it
             log.exception("could not prepare the grammar compiler")
@@ -142,7 +145,7 @@ class GrammarCompiles:
 
         info = self.store.tokenizer_info()
         if self.worker is None:
-            self.worker = CompileWorker(info.serialize_json())
+            self.worker = CompileWorker(info.serialize_json(), self._steps)
         try:
             payload = self.worker.compile(
                 request.kind,

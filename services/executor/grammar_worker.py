@@ -39,6 +39,15 @@ _HEADER = struct.Struct("<Q")
 # 2,000-5,000 strings compiled in 300 s, against 19 at nice 19 (docs/reliability.md, "sixth
 # round").
 WORKER_NICE = 19
+# While the executor launches steps, the worker runs in slices of RUN_SLICE_S and is stopped
+# (SIGSTOP) for PAUSE_S between them: at most a tenth of a core, and never more than a slice at a
+# time. At nice 19 alone it averaged a few percent of a core, but now and then the kernel let it
+# run for 0.1-0.2 s of a core's time in a row (whenever an executor thread slept between its
+# parallel regions), and each such burst was a gap of 0.2-0.9 s in every stream (a 50,000-value
+# enum: docs/reliability.md, "seventh round"). With no step for BUSY_WINDOW_S it runs freely.
+RUN_SLICE_S = 0.005
+PAUSE_S = 0.045
+BUSY_WINDOW_S = 0.1
 
 
 class CompileFailed(Exception):
@@ -61,8 +70,9 @@ class CompileCancelled(Exception):
 class CompileWorker:
     """Started on the first compile; restarted after a kill, a crash or a recycle."""
 
-    def __init__(self, tokenizer_info_json: str) -> None:
+    def __init__(self, tokenizer_info_json: str, steps: Callable[[], int] | None = None) -> None:
         self._info_json = tokenizer_info_json
+        self._steps = steps  # the executor's launched-step count; None: never paced
         self._proc: subprocess.Popen | None = None
         self._ready = False  # its "ready" frame was read
         self._started_at = 0.0
@@ -90,10 +100,11 @@ class CompileWorker:
         def given_up() -> bool:
             return time.monotonic() - started >= CANCEL_AFTER_S and cancelled()
 
+        pace = self._pacer(proc)
         try:
             _write(proc.stdin, [kind, spec])
             running.set()
-            reply = _read(proc.stdout, end, given_up)
+            reply = _read(proc.stdout, end, given_up, pace)
         except CompileCancelled:
             self.num_cancelled += 1
             self.close()
@@ -110,12 +121,17 @@ class CompileWorker:
             raise CompilerUnavailable(f"the grammar compiler failed: {exc}") from None
         finally:
             running.clear()
+            if pace is not None and self._proc is proc:  # (a killed one's pid may be reused)
+                pace.resume()  # it waits for its next compile on its stdin, not stopped
         ok, payload, rss = reply
         if rss > RECYCLE_RSS_BYTES:
             self.close()
         if not ok:
             raise CompileFailed(f"invalid {kind} constraint: {payload}")
         return payload
+
+    def _pacer(self, proc: subprocess.Popen) -> _Pacer | None:
+        return None if self._steps is None else _Pacer(proc.pid, self._steps)
 
     @property
     def pid(self) -> int | None:
@@ -145,8 +161,9 @@ class CompileWorker:
         proc = self._proc
         if not self._ready:
             give_up = self._started_at + STARTUP_TIMEOUT_S
+            pace = self._pacer(proc)  # a restart's imports may take bursts like a compile
             try:
-                _read(proc.stdout, min(give_up, deadline))
+                _read(proc.stdout, min(give_up, deadline), pace=pace)
             except TimeoutError:
                 if deadline < give_up:
                     raise CompilerStarting from None
@@ -155,6 +172,9 @@ class CompileWorker:
             except (OSError, EOFError, ValueError) as exc:
                 self.close()
                 raise CompilerUnavailable(f"the grammar compiler did not start: {exc!r}") from None
+            finally:
+                if pace is not None and self._proc is proc:
+                    pace.resume()
             self._ready = True
         return proc
 
@@ -190,18 +210,71 @@ def _write(pipe: BinaryIO, value: Any) -> None:
     pipe.flush()
 
 
+class _Pacer:
+    """Runs the worker in slices while steps run: continued for RUN_SLICE_S, stopped for
+    PAUSE_S, on the thread that waits for its reply; continued whenever no step ran lately."""
+
+    def __init__(self, pid: int, steps: Callable[[], int]) -> None:
+        self._pid = pid
+        self._steps = steps
+        self._seen = steps()
+        self._seen_at = time.monotonic()  # as if a step had just run: slices from the start
+        self._stopped = False
+
+    def wait(self, fd: int, timeout: float) -> bool:
+        """Whether `fd` became readable within `timeout` (stopped at the end, if busy)."""
+        self.resume()
+        if not self._busy():
+            return _readable(fd, timeout)
+        if _readable(fd, min(timeout, RUN_SLICE_S)):
+            return True
+        self._signal(signal.SIGSTOP)
+        self._stopped = True
+        # A reply written before the stop is read now; one stopped midway, after the next slice.
+        return _readable(fd, max(0.0, min(PAUSE_S, timeout - RUN_SLICE_S)))
+
+    def resume(self) -> None:
+        if self._stopped:
+            self._signal(signal.SIGCONT)
+            self._stopped = False
+
+    def _busy(self) -> bool:
+        now, count = time.monotonic(), self._steps()
+        if count != self._seen:
+            self._seen, self._seen_at = count, now
+        return now - self._seen_at < BUSY_WINDOW_S
+
+    def _signal(self, signum: int) -> None:
+        try:
+            os.kill(self._pid, signum)
+        except ProcessLookupError:
+            pass  # it died: the read sees the end of its pipe
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
 def _read(
-    pipe: BinaryIO, deadline: float | None = None, cancelled: Callable[[], bool] = bool
+    pipe: BinaryIO,
+    deadline: float | None = None,
+    cancelled: Callable[[], bool] = bool,
+    pace: _Pacer | None = None,
 ) -> Any:
     """One frame; TimeoutError when it is not all there by the deadline, CompileCancelled as
-    soon as cancelled() says so."""
+    soon as cancelled() says so; paced by `pace` while it waits."""
     fd = pipe.fileno()
-    header = _read_exactly(fd, _HEADER.size, deadline, cancelled)
-    return msgpack.unpackb(_read_exactly(fd, _HEADER.unpack(header)[0], deadline, cancelled))
+    header = _read_exactly(fd, _HEADER.size, deadline, cancelled, pace)
+    size = _HEADER.unpack(header)[0]
+    return msgpack.unpackb(_read_exactly(fd, size, deadline, cancelled, pace))
 
 
 def _read_exactly(
-    fd: int, size: int, deadline: float | None, cancelled: Callable[[], bool]
+    fd: int,
+    size: int,
+    deadline: float | None,
+    cancelled: Callable[[], bool],
+    pace: _Pacer | None = None,
 ) -> bytes:
     chunks, left = [], size
     while left:
@@ -209,7 +282,8 @@ def _read_exactly(
             wait = deadline - time.monotonic()
             if wait <= 0:
                 raise TimeoutError
-            if select.select([fd], [], [], min(wait, POLL_S))[0]:
+            timeout = min(wait, POLL_S)
+            if pace.wait(fd, timeout) if pace is not None else _readable(fd, timeout):
                 break
             if cancelled():
                 raise CompileCancelled

@@ -134,7 +134,9 @@ class _GrammarAnswers:
             from services.executor.grammar_compiles import GrammarCompiles
 
             timeout = config.grammar.compile_timeout_s
-            self._compiles = GrammarCompiles(executor.grammars, timeout, self._answer)
+            self._compiles = GrammarCompiles(
+                executor.grammars, timeout, self._answer, steps=lambda: executor.num_launched
+            )
 
     def submit(self, request: CompileGrammar, results: zmq.Socket) -> None:
         """From the step loop, whose socket `results` is."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -207,4 +208,59 @@ def test_compiles_run_at_the_lowest_nice_and_their_loading_on_idle_cpu_time(tiny
         assert os.sched_getscheduler(compiles._thread.native_id) != os.SCHED_IDLE
         assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the step loop's thread is not
     finally:
+        compiles.close()
+
+
+def _worker_state(pid: int) -> str | None:
+    """R running, S sleeping, T stopped; None once it has exited (a worker grown past its
+    limit is replaced after its compile)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads Linux's /proc")
+def test_a_compile_runs_in_slices_while_steps_run_and_freely_when_none_does(
+    tiny_model_dir,
+) -> None:
+    store = GrammarStore(tiny_model_dir, VOCAB, EOS, cache_bytes=64 << 20)
+    steps = [0]
+    stepping, done = threading.Event(), threading.Event()
+    stepping.set()
+
+    def step_loop() -> None:  # stands in for the executor's steps, one every 10 ms
+        while not done.wait(0.01):
+            steps[0] += stepping.is_set()
+
+    threading.Thread(target=step_loop, daemon=True).start()
+    answers: list[GrammarCompiled] = []
+    compiles = GrammarCompiles(store, 300.0, answers.append, steps=lambda: steps[0])
+    try:
+        eventually_blocking(lambda: compiles.worker and compiles.worker.pid, timeout=300)
+        slow = enum_schema(6, num_values=20000)  # ~4 s of one core unpaced
+        compiles.submit(CompileGrammar(1, *slow, [50]))
+        assert compiles.compiling.wait(300)
+        pid = compiles.worker.pid
+        seen = []
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end and compiles.compiling.is_set():
+            seen.append(_worker_state(pid))
+            time.sleep(0.003)
+        # Stopped between its slices: most of the time while steps run (a slice is 5 ms of 50).
+        assert seen.count("T") > 0.5 * len(seen), seen
+        assert "R" in seen or "S" in seen
+        stepping.clear()  # no more steps: it runs on unstopped and finishes
+        time.sleep(0.3)
+        free = []
+        while compiles.compiling.is_set():
+            free.append(_worker_state(pid))
+            time.sleep(0.003)
+        assert free and "T" not in free
+        eventually_blocking(lambda: answers, timeout=300)
+        assert answers == [GrammarCompiled(1)]
+        assert _worker_state(pid) != "T"  # left waiting for its next compile, not stopped
+    finally:
+        done.set()
         compiles.close()
