@@ -29,7 +29,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quantization", default="none", help="none (fp32), int8, int4, auto")
     parser.add_argument("--json", default="benchmarks/results/profile_decode_step.json")
+    parser.add_argument(
+        "--compiled-layers",
+        action="store_true",
+        help="each layer's dense parts through torch.compile (benchmarks/compiled_decode_step.py)",
+    )
     args = parser.parse_args()
+    if args.compiled_layers:
+        import torch
+        from compiled_decode_step import compiled_layer_forward  # this folder: sys.path[0]
+
+        from services.executor.models.layers import DecoderLayer
+
+        torch._dynamo.config.cache_size_limit = 64
+        DecoderLayer.forward = compiled_layer_forward()  # compiled on the first steps below
 
     engine = LLMEngine(
         EngineConfig(model=ModelConfig(model=args.model, quantization=args.quantization))
