@@ -42,9 +42,9 @@ WORKER_NICE = 19
 # While the executor launches steps, the worker runs in slices of RUN_SLICE_S and is stopped
 # (SIGSTOP) for PAUSE_S between them: at most a tenth of a core, and never more than a slice at a
 # time. At nice 19 alone it averaged a few percent of a core, but now and then the kernel let it
-# run for 0.1-0.2 s of a core's time in a row (whenever an executor thread slept between its
-# parallel regions), and each such burst was a gap of 0.2-0.9 s in every stream (a 50,000-value
-# enum: docs/reliability.md, "seventh round"). With no step for BUSY_WINDOW_S it runs freely.
+# run for 0.1-0.2 s of a core's time in a row, and each such burst was a gap of 0.2-0.9 s in
+# every stream (a 50,000-value enum: docs/reliability.md, "seventh round"). With no step for
+# BUSY_WINDOW_S it runs freely.
 RUN_SLICE_S = 0.005
 PAUSE_S = 0.045
 BUSY_WINDOW_S = 0.1
