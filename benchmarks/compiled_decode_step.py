@@ -87,6 +87,7 @@ def decode_run(engine: LLMEngine, batch: int, steps: int, prompt_len: int) -> tu
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="the embedded model when not given")
     parser.add_argument("--quantization", default="int8", help="none (fp32), int8")
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--steps", type=int, default=32)
@@ -96,7 +97,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     torch._dynamo.config.cache_size_limit = 64
-    engine = LLMEngine(EngineConfig(model=ModelConfig(quantization=args.quantization)))
+    model = ModelConfig(model=args.model, quantization=args.quantization)
+    engine = LLMEngine(EngineConfig(model=model))
     eager, compiled = DecoderLayer.forward, compiled_layer_forward()
     DecoderLayer.forward = compiled
     start = time.perf_counter()

@@ -183,6 +183,12 @@ CASES = [
         ("unique.0.ms_per_step", "system-prompt.1.hit_rate"),
     ),
     Case(
+        "compiled_decode_step",
+        lambda m, out: ["--model", str(m), "--quantization", "none", "--batch-sizes", "2",
+                        "--steps", "2", "--prompt-len", "4", "--rounds", "1", "--json", str(out)],
+        ("rows.0.compiled_over_eager", "rows.0.greedy_outputs_identical"),
+    ),
+    Case(
         "profile_decode_step",
         lambda m, out: ["--model", str(m), "--num-seqs", "2", "--prompt-len", "4",
                         "--steps", "1", "--json", str(out)],
