@@ -46,14 +46,8 @@ def compiled_layer_forward():
     after = torch.compile(after_attention, dynamic=True)
 
     def forward(self, h, cos, sin, kv_cache, meta):
-        attn = self.self_attn
         q, k, v = before(self, h, cos, sin)
-        attn.ops.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        extra = attn.extra
-        if meta.reference is not None and meta.reference.mirrored:
-            extra = {**extra, "layer": attn.layer_index}
-        o = attn.ops.paged_attention(q, kv_cache[0], kv_cache[1], meta, attn.scale, k, v, **extra)
-        return after(self, h, o)
+        return after(self, h, self.self_attn.attend(q, k, v, kv_cache, meta))
 
     return forward
 

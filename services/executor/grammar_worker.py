@@ -18,7 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 import msgpack
@@ -100,11 +101,11 @@ class CompileWorker:
         def given_up() -> bool:
             return time.monotonic() - started >= CANCEL_AFTER_S and cancelled()
 
-        pace = self._pacer(proc)
         try:
             _write(proc.stdin, [kind, spec])
             running.set()
-            reply = _read(proc.stdout, end, given_up, pace)
+            with self._paced(proc) as pace:
+                reply = _read(proc.stdout, end, given_up, pace)
         except CompileCancelled:
             self.num_cancelled += 1
             self.close()
@@ -121,8 +122,6 @@ class CompileWorker:
             raise CompilerUnavailable(f"the grammar compiler failed: {exc}") from None
         finally:
             running.clear()
-            if pace is not None and self._proc is proc:  # (a killed one's pid may be reused)
-                pace.resume()  # it waits for its next compile on its stdin, not stopped
         ok, payload, rss = reply
         if rss > RECYCLE_RSS_BYTES:
             self.close()
@@ -130,8 +129,17 @@ class CompileWorker:
             raise CompileFailed(f"invalid {kind} constraint: {payload}")
         return payload
 
-    def _pacer(self, proc: subprocess.Popen) -> _Pacer | None:
-        return None if self._steps is None else _Pacer(proc.pid, self._steps)
+    @contextmanager
+    def _paced(self, proc: subprocess.Popen) -> Iterator[_Pacer | None]:
+        """The pacer for waiting on `proc` (None when never paced); on leaving, the worker is
+        continued: it waits for its next compile on its stdin, not stopped. Not once it was
+        closed meanwhile (a killed one's pid may be reused)."""
+        pace = None if self._steps is None else _Pacer(proc.pid, self._steps)
+        try:
+            yield pace
+        finally:
+            if pace is not None and self._proc is proc:
+                pace.resume()
 
     @property
     def pid(self) -> int | None:
@@ -161,9 +169,10 @@ class CompileWorker:
         proc = self._proc
         if not self._ready:
             give_up = self._started_at + STARTUP_TIMEOUT_S
-            pace = self._pacer(proc)  # a restart's imports may take bursts like a compile
             try:
-                _read(proc.stdout, min(give_up, deadline), pace=pace)
+                # A restart's imports may take bursts like a compile: paced too.
+                with self._paced(proc) as pace:
+                    _read(proc.stdout, min(give_up, deadline), pace=pace)
             except TimeoutError:
                 if deadline < give_up:
                     raise CompilerStarting from None
@@ -172,9 +181,6 @@ class CompileWorker:
             except (OSError, EOFError, ValueError) as exc:
                 self.close()
                 raise CompilerUnavailable(f"the grammar compiler did not start: {exc!r}") from None
-            finally:
-                if pace is not None and self._proc is proc:
-                    pace.resume()
             self._ready = True
         return proc
 

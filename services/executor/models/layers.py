@@ -251,13 +251,26 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         q, k, v = self.project(x)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = self.attend(q, k, v, kv_cache, meta)
+        # Row-parallel: each rank holds some heads' share of the output; the sum is the output.
+        return self.shard.all_reduce(linear(o.reshape(num_tokens, -1), self.o_proj))
+
+    def attend(
+        self,
+        q: torch.Tensor,  # [num_tokens, heads, head_dim] after rotary
+        k: torch.Tensor,  # [num_tokens, kv_heads, head_dim] after rotary
+        v: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, heads, head_dim]
+        """This step's K/V into the paged cache, then attention over each sequence's context."""
         self.ops.store_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
         extra = self.extra
         if meta.reference is not None and meta.reference.mirrored:
             extra = {**extra, "layer": self.layer_index}  # the reference path's mirrors only
-        o = self.ops.paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale, k, v, **extra)
-        # Row-parallel: each rank holds some heads' share of the output; the sum is the output.
-        return self.shard.all_reduce(linear(o.reshape(num_tokens, -1), self.o_proj))
+        return self.ops.paged_attention(
+            q, kv_cache[0], kv_cache[1], meta, self.scale, k, v, **extra
+        )
 
     def project(
         self,
