@@ -65,6 +65,15 @@ CASES = [
         ("shape", "ms.1.fp32 mm", "ms.1._int_mm int8 x int8"),
     ),
     Case(
+        "decode_weight_streaming",
+        lambda m, out: ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--heads", "2",
+                        "--kv-heads", "1", "--head-dim", "32", "--vocab", "256", "--rows", "1",
+                        "--passes", "1", "--threads", "1", "--json", str(out)],
+        ("int8_weight_mb", "median_per_pass.read floor.gb_per_s",
+         "median_per_pass._int_mm, 1 row(s).ms",
+         "median_per_pass.fbgemm dynamic, 1 row(s).max_relative_diff_vs_int_mm_gaussian"),
+    ),
+    Case(
         "cpu_serving",
         lambda m, out: [f"--pagedserve=tiny=--model {m}", "--tokenizer", str(m),
                         "--num-requests", "2", "--input-len", "8", "--output-len", "4",
