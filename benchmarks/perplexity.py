@@ -10,11 +10,18 @@ reuses another's K/V. transformers fp32 on the same weights is the reference; wi
 
     .venv/bin/python benchmarks/perplexity.py --llama-perplexity \
         /work/llama-build/build/bin/llama-perplexity
+
+A mode `int8+fbgemm-rows` (or `int8+fbgemm-rows-reduced`) scores the int8 weights with every
+token's linears computed the way a one-row decode step would compute them through fbgemm's
+dynamic linear (its own asymmetric activation quantization per row; `-reduced`: 7-bit
+activations, what fbgemm needs on AVX2 to keep its int16 pair sums from saturating): the
+quality cost of that kernel for decode rows (benchmarks/decode_weight_streaming.py has its speed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -51,15 +58,25 @@ def pagedserve_nll(
 ) -> tuple[torch.Tensor, float]:
     """Per scored token NLL [chunks * scored] and the seconds spent scoring."""
     ctx = len(chunks[0])
+    quantization, _, row_kernel = mode.partition("+")
+    if row_kernel not in ("", "fbgemm-rows", "fbgemm-rows-reduced"):
+        raise SystemExit(f"unknown row kernel {row_kernel!r} in mode {mode!r}")
+    rows = (
+        fbgemm_rows(reduce_range=row_kernel == "fbgemm-rows-reduced")
+        if row_kernel
+        else contextlib.nullcontext()
+    )
     config = EngineConfig(
-        model=ModelConfig(model=model, quantization=mode, device="cpu", num_threads=threads),
+        model=ModelConfig(
+            model=model, quantization=quantization, device="cpu", num_threads=threads
+        ),
         cache=CacheConfig(kv_cache_bytes=GiB // 8, swap_space_bytes=0),
         # One whole prefill per chunk, from an empty cache: no reuse of another chunk's blocks.
         scheduler=SchedulerConfig(max_num_batched_tokens=ctx, enable_prefix_caching=False),
     )
     sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=0)
     nlls = []
-    with LLMEngine(config) as engine:
+    with rows, LLMEngine(config) as engine:
         start = time.perf_counter()
         for chunk in chunks:  # one at a time: each chunk is its step's only prefill
             (output,) = engine.generate([chunk], sampling)
@@ -69,6 +86,30 @@ def pagedserve_nll(
             nlls.append(scored_nll(logprobs, ctx))
         seconds = time.perf_counter() - start
     return torch.cat(nlls), seconds
+
+
+@contextlib.contextmanager
+def fbgemm_rows(reduce_range: bool):
+    """While open, Int8Linear computes each row alone through fbgemm's dynamic linear on the
+    same int8 weights (packed once per layer): one-row decode numerics for every scored token."""
+    from services.executor.quantized import Int8Linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
+        packed = self.__dict__.get("_fbgemm")
+        if packed is None:
+            weight = self.qweight_t.t().float() * self.scales[:, None]  # [out, in], exact
+            zeros = torch.zeros(self.out_features, dtype=torch.long)
+            q = torch.quantize_per_channel(weight, self.scales.double(), zeros, 0, torch.qint8)
+            packed = self.__dict__["_fbgemm"] = torch.ops.quantized.linear_prepack(q, self.bias)
+        dynamic = torch.ops.quantized.linear_dynamic
+        return torch.cat([dynamic(row, packed, reduce_range) for row in x.float().split(1)])
+
+    original = Int8Linear.forward
+    Int8Linear.forward = forward
+    try:
+        yield
+    finally:
+        Int8Linear.forward = original
 
 
 def transformers_nll(model_dir: Path, chunks: list[list[int]]) -> tuple[torch.Tensor, float]:

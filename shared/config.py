@@ -16,6 +16,7 @@ DTypeName = Literal["auto", "float32", "float16", "bfloat16", "float64"]
 DeviceName = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
 Quantization = Literal["auto", "none", "int8", "int4"]
+Int8DecodeKernel = Literal["auto", "int_mm"]
 KVPolicy = Literal["paged", "orca-max", "orca-pow2", "orca-oracle"]
 GenerationConfigSource = Literal["auto", "vllm"]
 ExecutorKind = Literal["model", "sim"]
@@ -71,8 +72,16 @@ class ModelConfig:
     # otherwise (services/executor/quantize_model.py).
     quantization: Quantization = flag(
         "auto", "--quantization",
-        "CPU weight kernels: none = fp32; int8 = fbgemm int8; int4 = GGUF Q4_1 repacked; "
-        "auto = int8 for the embedded model on a CPU, none otherwise",
+        "CPU weight kernels: none = fp32; int8 = int8 weights and activations; int4 = GGUF "
+        "Q4_1 repacked; auto = int8 for the embedded model on a CPU, none otherwise",
+    )  # fmt: skip
+    # int8 calls of a few rows (decodes, verified proposals): auto = fbgemm's dynamic linear
+    # a row at a time where it sums exactly (CPUs with VNNI), else _int_mm as larger calls
+    # (services/executor/quantized.py); int_mm = always _int_mm (no second packed copy).
+    int8_decode_kernel: Int8DecodeKernel = flag(
+        "auto", "--int8-decode-kernel",
+        "int8 kernel for calls of up to 4 rows: auto = fbgemm where it sums exactly (VNNI), "
+        "else _int_mm; int_mm = _int_mm always",
     )  # fmt: skip
     # On CUDA, decode steps replay captured graphs (services/executor/cuda_graphs.py); True
     # runs every step eagerly.

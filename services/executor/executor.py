@@ -122,7 +122,14 @@ class Executor:
             if self.quantization != "none"
             else None
         )
-        quantize_model(self.model, self.quantization, gguf_path, calibration_ids, model_dir)
+        quantize_model(
+            self.model,
+            self.quantization,
+            gguf_path,
+            calibration_ids,
+            model_dir,
+            decode_kernel=config.model.int8_decode_kernel == "auto",
+        )
         # This rank's KV heads of every block: one block table serves every rank.
         cache_config = config.cache
         draft_model = None

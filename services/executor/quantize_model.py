@@ -44,6 +44,7 @@ def quantize_model(
     gguf_path: Path | None = None,
     calibration_ids: list[int] | None = None,
     model_dir: Path | None = None,
+    decode_kernel: bool = True,
 ) -> None:
     """In place. int8: int8 linears (activations quantized per row). int4: int4 linears,
     repacked from the GGUF's Q4_1 blocks when `gguf_path` holds them, else quantized from the
@@ -51,7 +52,9 @@ def quantize_model(
     and run the LM head as an int8 linear. With `calibration_ids` (calibration_token_ids), one
     fp32 pass over them first measures the activations, and SmoothQuant factors are folded into
     the int8 linears (int8) and the LM head (both): see smoothing.py. `model_dir`: where the
-    weights came from, the key of the embedded model's cached maxima (calibration_cache.py)."""
+    weights came from, the key of the embedded model's cached maxima (calibration_cache.py).
+    `decode_kernel`: int8 linears take calls of a few rows through fbgemm where it is exact
+    (Int8Linear)."""
     if mode == "none":
         return
     if mode not in QUANTIZATIONS:
@@ -90,14 +93,14 @@ def quantize_model(
             elif mode == "int4":
                 quantized = Int4Linear.from_float(dense.weight, dense.bias)
             else:
-                quantized = Int8Linear(dense.weight, dense.bias)
+                quantized = Int8Linear(dense.weight, dense.bias, decode_kernel)
             setattr(parent, child_name, quantized)
     embedding = blocks.get("embed_tokens", [None])[0]
     if isinstance(embedding, Q8_0):
         model.embed_tokens = Int8Embedding(embedding.q, embedding.d)
     else:
         model.embed_tokens = Int8Embedding.from_float(model.embed_tokens.weight)
-    model.lm_head = Int8Linear(head_weight, None)
+    model.lm_head = Int8Linear(head_weight, None, decode_kernel)
 
 
 def calibration_token_ids(model_dir: Path, max_model_len: int) -> list[int]:

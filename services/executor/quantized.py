@@ -10,9 +10,19 @@ Built from torch's own CPU kernels, no hand-written ones:
   slower than fp32 (benchmarks/quantized_linear.py), so it is an option, not the default.
 - `Int8Embedding`: rows of int8 with one scale per 32 values (GGUF Q8_0's layout, exactly);
   a lookup gathers and scales only the rows asked for.
+
+Decode rows (a call of at most DECODE_ROWS rows) go through fbgemm's dynamic int8 linear
+instead, one row per call, where it sums exactly (`exact_decode_kernel`): on the same int8
+weights it streams them about twice as fast as `_int_mm` with its activation quantization
+(benchmarks/decode_weight_streaming.py), and its own per-row activation levels (asymmetric,
+256 of them) lose less than the symmetric 255: +0.30% perplexity against fp32 where the int8
+path has +0.71% (benchmarks/perplexity.py, `int8+fbgemm-rows`).
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 import torch
 from torch import nn
@@ -20,13 +30,51 @@ from torch import nn
 from services.executor.observed_linear import ObservedLinear
 
 GROUP_SIZE = 32  # GGUF's block length for Q4_1 and Q8_0; one of torch's int4 group sizes
+# Calls of up to this many rows take the decode kernel, a row at a time: a one-sequence decode,
+# or its K + 1 verified positions (speculative decoding), whose weights stay in cache after
+# the first row. Larger calls (batches, prompt chunks) read each weight once through _int_mm.
+DECODE_ROWS = 4
 # torch's int4 CPU kernel stores w = (q - INT4_MID) * scale + zero for q in [0, 15].
 INT4_MID = 8
 
 
+@functools.cache
+def exact_decode_kernel() -> bool:
+    """Whether fbgemm's dynamic int8 linear sums exactly here, checked once on a worst case.
+
+    With VNNI it accumulates u8 x s8 products in int32. On AVX2 alone it adds pairs of them in
+    int16 first, which saturates unless the activations are cut to 7 bits (+1.56% perplexity
+    against fp32, `int8+fbgemm-rows-reduced`): there the decode rows stay on _int_mm."""
+    weight = torch.full((8, 256), 127.0)  # every product at its largest: 255 x 127 per pair
+    packed = _pack_rows(weight, torch.ones(8), None)
+    out = torch.ops.quantized.linear_dynamic(torch.ones(1, 256), packed, False)
+    # Exact sums give 256 * 127 up to the float scale's rounding; saturated ones about half.
+    return bool(torch.allclose(out, torch.full((1, 8), 256 * 127.0), rtol=1e-4, atol=0))
+
+
+def _pack_rows(
+    qweight: torch.Tensor,  # [out, in] int8 levels (any dtype holding them)
+    scales: torch.Tensor,  # [out] per output channel
+    bias: torch.Tensor | None,  # [out]
+):  # fbgemm's packed per-channel weights: the same int8 levels and scales
+    zeros = torch.zeros(qweight.shape[0], dtype=torch.long)
+    levels = qweight.float() * scales[:, None]
+    with warnings.catch_warnings():
+        # torch 2.13 marks quantized tensors deprecated (torchao is their successor); fbgemm's
+        # prepack still takes only them, and torch is pinned (pyproject.toml).
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch.quantize_per_channel(levels, scales.double(), zeros, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(q, bias)
+
+
 class Int8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()  # weight: [out_features, in_features] float
+    def __init__(
+        self,
+        weight: torch.Tensor,  # [out_features, in_features] float
+        bias: torch.Tensor | None,  # [out_features]
+        decode_kernel: bool = True,  # decode rows through fbgemm where it is exact
+    ) -> None:
+        super().__init__()
         weight = weight.detach().float()
         self.out_features, self.in_features = weight.shape
         scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127  # [out_features]
@@ -35,12 +83,24 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight_t", qweight.t().contiguous())  # [in, out] int8
         self.register_buffer("scales", scales)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float())
+        # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object).
+        self.decode_rows = None
+        if decode_kernel and exact_decode_kernel():
+            self.decode_rows = _pack_rows(qweight, scales, self.bias)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.buffers())
+        own = sum(t.numel() * t.element_size() for t in self.buffers())
+        # The packed copy: its int8 weights (plus fbgemm's per-column offsets, left out).
+        return own + (self.in_features * self.out_features if self.decode_rows else 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
+        if self.decode_rows is not None and x.shape[0] <= DECODE_ROWS:
+            # One row per call: each row gets its own activation scale, as on _int_mm below,
+            # so a row's result does not depend on the others in the call.
+            dynamic = torch.ops.quantized.linear_dynamic
+            rows = [dynamic(row, self.decode_rows, False) for row in x.float().split(1)]
+            return rows[0] if len(rows) == 1 else torch.cat(rows)
         # One scale per row, so a token's result does not depend on the rest of the batch (a
         # per-tensor scale, as fbgemm's dynamic linear uses, would let one outlier token coarsen
         # every other row's quantization).

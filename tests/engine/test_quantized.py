@@ -13,7 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from services.executor.gguf_blocks import read_q4_1, read_q8_0
-from services.executor.quantized import Int4Linear, Int8Embedding, Int8Linear
+from services.executor.quantized import (
+    DECODE_ROWS,
+    Int4Linear,
+    Int8Embedding,
+    Int8Linear,
+    exact_decode_kernel,
+)
 from tests.factories import engine_config
 from tests.support.reference_model import MAX_NEW_TOKENS
 
@@ -36,14 +42,44 @@ def test_int8_linear_is_within_two_percent_of_fp32(rows):
     assert relative_error(Int8Linear(weight, bias)(x), F.linear(x, weight, bias)) < 0.02
 
 
-def test_int8_linear_gives_a_row_the_same_result_alone_and_in_a_batch():
+@pytest.mark.parametrize("decode_kernel", [False, True])
+def test_int8_linear_gives_a_row_the_same_result_whatever_the_other_rows(decode_kernel):
     # Activation scales are per row: another request in the batch cannot change a token's result.
     weight, bias = random_layer()
-    layer = Int8Linear(weight, bias)
+    layer = Int8Linear(weight, bias, decode_kernel)
     x = torch.randn(40, 128, generator=torch.Generator().manual_seed(1))
-    x[7] *= 100  # an outlier row
-    batched = layer(x)
-    assert torch.equal(layer(x[3:4]), batched[3:4])
+    other = x.clone()
+    other[7] *= 100  # an outlier row
+    assert torch.equal(layer(x)[3], layer(other)[3])
+    # Calls of up to DECODE_ROWS rows (one kernel, where exact_decode_kernel) and larger ones
+    # (_int_mm) each keep a row's result independent of the rest.
+    assert torch.equal(layer(x[3:4]), layer(other[:DECODE_ROWS])[3:4])
+    if not (decode_kernel and exact_decode_kernel()):
+        assert torch.equal(layer(x[3:4]), layer(x)[3:4])  # one kernel for every call
+
+
+@pytest.mark.skipif(not exact_decode_kernel(), reason="fbgemm does not sum exactly here (no VNNI)")
+@pytest.mark.parametrize("rows", [1, 3, DECODE_ROWS])
+def test_int8_decode_rows_take_fbgemm_within_two_percent_of_fp32(rows):
+    weight, bias = random_layer()
+    layer = Int8Linear(weight, bias)
+    assert layer.decode_rows is not None
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    out = layer(x)
+    assert relative_error(out, F.linear(x, weight, bias)) < 0.02
+    # Not _int_mm's result: the decode kernel quantizes the activations its own way.
+    assert not torch.equal(out, Int8Linear(weight, bias, decode_kernel=False)(x))
+
+
+def test_the_decode_kernel_is_used_only_where_it_sums_exactly(monkeypatch):
+    import services.executor.quantized as quantized
+
+    weight, bias = random_layer()
+    monkeypatch.setattr(quantized, "exact_decode_kernel", lambda: False)
+    assert Int8Linear(weight, bias).decode_rows is None
+    monkeypatch.setattr(quantized, "exact_decode_kernel", lambda: True)
+    assert Int8Linear(weight, bias).decode_rows is not None
+    assert Int8Linear(weight, bias, decode_kernel=False).decode_rows is None
 
 
 @pytest.mark.parametrize("rows", [1, 33])

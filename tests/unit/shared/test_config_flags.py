@@ -24,7 +24,8 @@ from shared.structured import GrammarLimits
 EVERY_FLAG = (
     "--model /m --download-dir /d --dtype float16 --max-model-len 99 --engine-seed 7 "
     "--num-threads 3 --device cpu --generation-config vllm "
-    "--attention-backend torch --enforce-eager --quantization int8 --block-size 8 "
+    "--attention-backend torch --enforce-eager --quantization int8 --int8-decode-kernel int_mm "
+    "--block-size 8 "
     "--num-device-blocks 40 --kv-cache-gb 0.5 --swap-space-gb 0.25 --context-mirror-gb 0.125 "
     "--max-num-seqs 9 "
     "--max-num-batched-tokens 300 --max-prefill-tokens-per-request 33 --no-chunked-prefill "
