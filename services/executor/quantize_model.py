@@ -53,7 +53,7 @@ def quantize_model(
     fp32 pass over them first measures the activations, and SmoothQuant factors are folded into
     the int8 linears (int8) and the LM head (both): see smoothing.py. `model_dir`: where the
     weights came from, the key of the embedded model's cached maxima (calibration_cache.py).
-    `decode_kernel`: int8 linears take calls of a few rows through fbgemm where it is exact
+    `decode_kernel`: int8 linears take one-row calls through fbgemm where it is exact
     (Int8Linear)."""
     if mode == "none":
         return
@@ -122,6 +122,8 @@ def _int4_from_q4_1(parts: list[Q4_1], bias: torch.Tensor | None) -> Int4Linear:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of every tensor the model holds: weights, quantized or not, and RoPE tables."""
+    """Bytes of every tensor the model holds: weights, quantized or not, and RoPE tables, and
+    of the packed copies some layers keep for another kernel (Int8Linear.packed_bytes)."""
     tensors = [*model.parameters(), *model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    packed = sum(getattr(m, "packed_bytes", 0) for m in model.modules())
+    return packed + sum(t.numel() * t.element_size() for t in tensors if t is not None)

@@ -11,12 +11,14 @@ Built from torch's own CPU kernels, no hand-written ones:
 - `Int8Embedding`: rows of int8 with one scale per 32 values (GGUF Q8_0's layout, exactly);
   a lookup gathers and scales only the rows asked for.
 
-Decode rows (a call of at most DECODE_ROWS rows) go through fbgemm's dynamic int8 linear
-instead, one row per call, where it sums exactly (`exact_decode_kernel`): on the same int8
-weights it streams them about twice as fast as `_int_mm` with its activation quantization
-(benchmarks/decode_weight_streaming.py), and its own per-row activation levels (asymmetric,
-256 of them) lose less than the symmetric 255: +0.30% perplexity against fp32 where the int8
-path has +0.71% (benchmarks/perplexity.py, `int8+fbgemm-rows`).
+A one-row call (a one-sequence decode step) goes through fbgemm's dynamic int8 linear instead,
+where it sums exactly (`exact_decode_kernel`): on the same int8 weights it streams them about
+twice as fast as `_int_mm` with its activation quantization (benchmarks/decode_weight_streaming.py),
+and its own activation levels (asymmetric, 256 of them, one scale for the row) lose less than the
+symmetric 255: +0.30% perplexity against fp32 where the int8 path has +0.71%
+(benchmarks/perplexity.py, `int8+fbgemm-rows`). Calls of several rows stay on `_int_mm`: fbgemm
+takes one activation scale per call, and a row at a time it was slower than `_int_mm` at four
+rows (served, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,10 +32,6 @@ from torch import nn
 from services.executor.observed_linear import ObservedLinear
 
 GROUP_SIZE = 32  # GGUF's block length for Q4_1 and Q8_0; one of torch's int4 group sizes
-# Calls of up to this many rows take the decode kernel, a row at a time: a one-sequence decode,
-# or its K + 1 verified positions (speculative decoding), whose weights stay in cache after
-# the first row. Larger calls (batches, prompt chunks) read each weight once through _int_mm.
-DECODE_ROWS = 4
 # torch's int4 CPU kernel stores w = (q - INT4_MID) * scale + zero for q in [0, 15].
 INT4_MID = 8
 
@@ -84,23 +82,22 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object).
-        self.decode_rows = None
+        self.decode_row = None
         if decode_kernel and exact_decode_kernel():
-            self.decode_rows = _pack_rows(qweight, scales, self.bias)
+            self.decode_row = _pack_rows(qweight, scales, self.bias)
+
+    @property
+    def packed_bytes(self) -> int:
+        """The packed copy's int8 weights (fbgemm's per-column offsets left out); 0 without."""
+        return self.in_features * self.out_features if self.decode_row is not None else 0
 
     @property
     def nbytes(self) -> int:
-        own = sum(t.numel() * t.element_size() for t in self.buffers())
-        # The packed copy: its int8 weights (plus fbgemm's per-column offsets, left out).
-        return own + (self.in_features * self.out_features if self.decode_rows else 0)
+        return sum(t.numel() * t.element_size() for t in self.buffers()) + self.packed_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
-        if self.decode_rows is not None and x.shape[0] <= DECODE_ROWS:
-            # One row per call: each row gets its own activation scale, as on _int_mm below,
-            # so a row's result does not depend on the others in the call.
-            dynamic = torch.ops.quantized.linear_dynamic
-            rows = [dynamic(row, self.decode_rows, False) for row in x.float().split(1)]
-            return rows[0] if len(rows) == 1 else torch.cat(rows)
+        if self.decode_row is not None and x.shape[0] == 1:
+            return torch.ops.quantized.linear_dynamic(x.float(), self.decode_row, False)
         # One scale per row, so a token's result does not depend on the rest of the batch (a
         # per-tensor scale, as fbgemm's dynamic linear uses, would let one outlier token coarsen
         # every other row's quantization).

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from services.executor.gguf_blocks import read_q4_1, read_q8_0
 from services.executor.quantized import (
-    DECODE_ROWS,
     Int4Linear,
     Int8Embedding,
     Int8Linear,
@@ -51,24 +50,23 @@ def test_int8_linear_gives_a_row_the_same_result_whatever_the_other_rows(decode_
     other = x.clone()
     other[7] *= 100  # an outlier row
     assert torch.equal(layer(x)[3], layer(other)[3])
-    # Calls of up to DECODE_ROWS rows (one kernel, where exact_decode_kernel) and larger ones
-    # (_int_mm) each keep a row's result independent of the rest.
-    assert torch.equal(layer(x[3:4]), layer(other[:DECODE_ROWS])[3:4])
+    assert torch.equal(layer(x[:2])[1], layer(other[[7, 1]])[1])
     if not (decode_kernel and exact_decode_kernel()):
         assert torch.equal(layer(x[3:4]), layer(x)[3:4])  # one kernel for every call
 
 
 @pytest.mark.skipif(not exact_decode_kernel(), reason="fbgemm does not sum exactly here (no VNNI)")
-@pytest.mark.parametrize("rows", [1, 3, DECODE_ROWS])
-def test_int8_decode_rows_take_fbgemm_within_two_percent_of_fp32(rows):
+def test_a_one_row_int8_call_takes_fbgemm_within_two_percent_of_fp32():
     weight, bias = random_layer()
     layer = Int8Linear(weight, bias)
-    assert layer.decode_rows is not None
-    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    assert layer.decode_row is not None and layer.packed_bytes == 96 * 128
+    x = torch.randn(1, 128, generator=torch.Generator().manual_seed(3))
     out = layer(x)
     assert relative_error(out, F.linear(x, weight, bias)) < 0.02
     # Not _int_mm's result: the decode kernel quantizes the activations its own way.
-    assert not torch.equal(out, Int8Linear(weight, bias, decode_kernel=False)(x))
+    plain = Int8Linear(weight, bias, decode_kernel=False)
+    assert not torch.equal(out, plain(x))
+    assert torch.equal(layer(x.expand(2, -1))[0], plain(x.expand(2, -1))[0])  # two rows: _int_mm
 
 
 def test_the_decode_kernel_is_used_only_where_it_sums_exactly(monkeypatch):
@@ -76,10 +74,10 @@ def test_the_decode_kernel_is_used_only_where_it_sums_exactly(monkeypatch):
 
     weight, bias = random_layer()
     monkeypatch.setattr(quantized, "exact_decode_kernel", lambda: False)
-    assert Int8Linear(weight, bias).decode_rows is None
+    assert Int8Linear(weight, bias).decode_row is None
     monkeypatch.setattr(quantized, "exact_decode_kernel", lambda: True)
-    assert Int8Linear(weight, bias).decode_rows is not None
-    assert Int8Linear(weight, bias, decode_kernel=False).decode_rows is None
+    assert Int8Linear(weight, bias).decode_row is not None
+    assert Int8Linear(weight, bias, decode_kernel=False).decode_row is None
 
 
 @pytest.mark.parametrize("rows", [1, 33])
