@@ -92,15 +92,19 @@ def pagedserve_nll(
 def fbgemm_rows(reduce_range: bool):
     """While open, Int8Linear computes each row alone through fbgemm's dynamic linear on the
     same int8 weights (packed once per layer): one-row decode numerics for every scored token."""
-    from services.executor.quantized import Int8Linear
+    from services.executor.quantized import Int8Linear, exact_decode_kernel, pack_for_fbgemm
+
+    if not reduce_range and not exact_decode_kernel():
+        raise SystemExit(
+            "fbgemm does not sum exactly on this CPU (no VNNI): int8+fbgemm-rows would score "
+            "saturated sums; int8+fbgemm-rows-reduced is the variant that runs here"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
         packed = self.__dict__.get("_fbgemm")
-        if packed is None:
-            weight = self.qweight_t.t().float() * self.scales[:, None]  # [out, in], exact
-            zeros = torch.zeros(self.out_features, dtype=torch.long)
-            q = torch.quantize_per_channel(weight, self.scales.double(), zeros, 0, torch.qint8)
-            packed = self.__dict__["_fbgemm"] = torch.ops.quantized.linear_prepack(q, self.bias)
+        if packed is None:  # the same int8 levels and scales, the layer's bias
+            packed = pack_for_fbgemm(self.qweight_t.t(), self.scales, self.bias)
+            self.__dict__["_fbgemm"] = packed
         dynamic = torch.ops.quantized.linear_dynamic
         return torch.cat([dynamic(row, packed, reduce_range) for row in x.float().split(1)])
 

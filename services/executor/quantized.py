@@ -44,13 +44,13 @@ def exact_decode_kernel() -> bool:
     int16 first, which saturates unless the activations are cut to 7 bits (+1.56% perplexity
     against fp32, `int8+fbgemm-rows-reduced`): there the decode rows stay on _int_mm."""
     weight = torch.full((8, 256), 127.0)  # every product at its largest: 255 x 127 per pair
-    packed = _pack_rows(weight, torch.ones(8), None)
+    packed = pack_for_fbgemm(weight, torch.ones(8), None)
     out = torch.ops.quantized.linear_dynamic(torch.ones(1, 256), packed, False)
     # Exact sums give 256 * 127 up to the float scale's rounding; saturated ones about half.
     return bool(torch.allclose(out, torch.full((1, 8), 256 * 127.0), rtol=1e-4, atol=0))
 
 
-def _pack_rows(
+def pack_for_fbgemm(
     qweight: torch.Tensor,  # [out, in] int8 levels (any dtype holding them)
     scales: torch.Tensor,  # [out] per output channel
     bias: torch.Tensor | None,  # [out]
@@ -70,7 +70,7 @@ class Int8Linear(nn.Module):
         self,
         weight: torch.Tensor,  # [out_features, in_features] float
         bias: torch.Tensor | None,  # [out_features]
-        decode_kernel: bool = True,  # decode rows through fbgemm where it is exact
+        decode_kernel: bool = True,  # one-row calls through fbgemm where it sums exactly
     ) -> None:
         super().__init__()
         weight = weight.detach().float()
@@ -84,7 +84,7 @@ class Int8Linear(nn.Module):
         # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object).
         self.decode_row = None
         if decode_kernel and exact_decode_kernel():
-            self.decode_row = _pack_rows(qweight, scales, self.bias)
+            self.decode_row = pack_for_fbgemm(qweight, scales, self.bias)
 
     @property
     def packed_bytes(self) -> int:
