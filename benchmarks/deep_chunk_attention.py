@@ -90,7 +90,8 @@ def main() -> None:
     for context in (int(c) for c in args.contexts.split(",")):
         for rows in (int(r) for r in args.rows.split(",")):
             seconds = time_chunk(shape, rows, context, args.repeats)
-            points.append({"rows": rows, "context": context, "seconds": round(seconds, 5)})
+            # Unrounded: on a fast CPU small timings rounded alike gave a slope of exactly 0.
+            points.append({"rows": rows, "context": context, "seconds": seconds})
             print(f"context {context:5d} rows {rows:3d}: {seconds * 1e3:7.1f} ms", flush=True)
     read, row = fit(points)
     out = {
@@ -100,7 +101,8 @@ def main() -> None:
         "points": points,
         "read_s_per_context_token": read,
         "row_s_per_context_token": row,
-        "context_read_rows": round(read / row, 2),
+        # None when the fit finds no per-row cost (timings too small to tell rows apart).
+        "context_read_rows": round(read / row, 2) if row > 0 else None,
     }
     print(f"fit: t = c * ({read * 1e9:.1f} + {row * 1e9:.1f} * r) ns; read = "
           f"{out['context_read_rows']} rows")  # fmt: skip
