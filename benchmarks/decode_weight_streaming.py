@@ -7,8 +7,8 @@ layer timed on its own stays in cache (benchmarks/cpu_linear_kernels.py) and say
 that. Here every layer of the model's shape gets its own random weights, so one pass over all of
 them reads the whole set from memory, per kernel:
 
-  _int_mm        torch._int_mm on int8 x int8 (the `int8` path's kernel, services/executor/
-                 quantized.py), plus its dequantization (two multiplies per output)
+  _int_mm        Int8Linear without its one-row kernel (services/executor/quantized.py):
+                 the row's quantization, torch._int_mm on int8 x int8, the dequantization
   onednn packed  torch.ops.onednn.qlinear_pointwise on weights prepacked for oneDNN, the same
                  int8 weights and the same activation levels (as uint8 with zero point 128),
                  fp32 out: the same sums, so it could replace _int_mm where it is faster
@@ -41,6 +41,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from services.executor.quantized import Int8Linear, pack_for_fbgemm
+
 
 def layer_shapes(args) -> list[tuple[int, int]]:
     """(in, out) of every linear of one decode step: q/k/v, o, gate/up, down per layer, the head."""
@@ -57,27 +59,23 @@ class Int8Layer:
     def __init__(self, k: int, n: int, generator: torch.Generator) -> None:
         self.k, self.n = k, n
         weight = torch.randn(n, k, generator=generator) * 0.02  # [out, in] fp32
-        self.scales = weight.abs().amax(dim=1) / 127  # [out]
-        self.q = (weight / self.scales[:, None]).round().clamp(-127, 127).to(torch.int8)
-        self.q_t = self.q.t().contiguous()  # [in, out] int8: _int_mm's right operand
+        # The int8 path's own layer, its one-row kernel left out: _int_mm at every row count.
+        self.int8 = Int8Linear(weight, None, decode_kernel=False)
+        self.scales = self.int8.scales  # [out]
+        self.q = self.int8.qweight_t.t().contiguous()  # [out, in] int8
         self.onednn = torch.ops.onednn.qlinear_prepack(self.q, None)
-        dequant = self.q.float() * self.scales[:, None]  # [out, in] the exact int8 weights
-        per_channel = torch.quantize_per_channel(
-            dequant, self.scales.double(), torch.zeros(n, dtype=torch.long), 0, torch.qint8
-        )
-        self.fbgemm = torch.ops.quantized.linear_prepack(per_channel, None)
-        self.fp32 = dequant
+        self.fbgemm = pack_for_fbgemm(self.q, self.scales, None)
+        self.fp32 = self.q.float() * self.scales[:, None]  # [out, in] the exact int8 weights
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [rows, in] -> int8 levels and one scale per row, as the int8 path quantizes."""
+    """x [rows, in] -> int8 levels and one scale per row, as Int8Linear quantizes them."""
     scales = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # [rows, 1]
     return (x / scales).round_().to(torch.int8), scales
 
 
 def run_int_mm(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
-    q, scales = quantize_rows(x)
-    return torch._int_mm(q, layer.q_t).float().mul_(scales).mul_(layer.scales)
+    return layer.int8(x)
 
 
 def run_onednn(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:  # one row: one scale

@@ -128,7 +128,7 @@ class Executor:
             gguf_path,
             calibration_ids,
             model_dir,
-            decode_kernel=config.model.int8_decode_kernel == "auto",
+            decode_kernel=config.model.int8_decode_kernel,
         )
         # This rank's KV heads of every block: one block table serves every rank.
         cache_config = config.cache

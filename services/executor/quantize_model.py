@@ -24,6 +24,7 @@ from services.executor.smoothing import (
     smooth_layers,
     smoothed_head,
 )
+from shared.config import Int8DecodeKernel
 from shared.model_source import is_embedded
 
 QUANTIZATIONS = ("none", "int8", "int4")
@@ -44,7 +45,7 @@ def quantize_model(
     gguf_path: Path | None = None,
     calibration_ids: list[int] | None = None,
     model_dir: Path | None = None,
-    decode_kernel: bool = True,
+    decode_kernel: Int8DecodeKernel = "auto",
 ) -> None:
     """In place. int8: int8 linears (activations quantized per row). int4: int4 linears,
     repacked from the GGUF's Q4_1 blocks when `gguf_path` holds them, else quantized from the
@@ -53,8 +54,8 @@ def quantize_model(
     fp32 pass over them first measures the activations, and SmoothQuant factors are folded into
     the int8 linears (int8) and the LM head (both): see smoothing.py. `model_dir`: where the
     weights came from, the key of the embedded model's cached maxima (calibration_cache.py).
-    `decode_kernel`: int8 linears take one-row calls through fbgemm where it is exact
-    (Int8Linear)."""
+    `decode_kernel` (--int8-decode-kernel): auto = int8 linears take one-row calls through
+    fbgemm where it is exact (Int8Linear); int_mm = every call through _int_mm."""
     if mode == "none":
         return
     if mode not in QUANTIZATIONS:
@@ -63,6 +64,7 @@ def quantize_model(
         raise ValueError("quantized weights are not supported with tensor parallelism")
     if model.cos.device.type != "cpu":
         raise ValueError("quantized weights use CPU kernels: run with --device cpu")
+    one_row = decode_kernel == "auto"
     spec = model.spec
     family = type(model)  # its declarations name the linears and how the checkpoint packs them
     linear_modules = family.quantizable_modules
@@ -93,14 +95,14 @@ def quantize_model(
             elif mode == "int4":
                 quantized = Int4Linear.from_float(dense.weight, dense.bias)
             else:
-                quantized = Int8Linear(dense.weight, dense.bias, decode_kernel)
+                quantized = Int8Linear(dense.weight, dense.bias, one_row)
             setattr(parent, child_name, quantized)
     embedding = blocks.get("embed_tokens", [None])[0]
     if isinstance(embedding, Q8_0):
         model.embed_tokens = Int8Embedding(embedding.q, embedding.d)
     else:
         model.embed_tokens = Int8Embedding.from_float(model.embed_tokens.weight)
-    model.lm_head = Int8Linear(head_weight, None, decode_kernel)
+    model.lm_head = Int8Linear(head_weight, None, one_row)
 
 
 def calibration_token_ids(model_dir: Path, max_model_len: int) -> list[int]:
