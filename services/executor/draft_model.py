@@ -46,8 +46,10 @@ def load_draft_model(
     if quantization != "none":
         gguf_path = source_gguf(draft_dir) if quantization == "int4" else None
         calibration = calibration_token_ids(draft_dir, max_model_len)
-        decode_kernel = config.model.int8_decode_kernel
-        quantize_model(model, quantization, gguf_path, calibration, draft_dir, decode_kernel)
+        quantize_model(
+            model, quantization, gguf_path, calibration, draft_dir,
+            config.model.int8_decode_kernel,
+        )  # fmt: skip
     return model
 
 
