@@ -11,19 +11,25 @@ Built from torch's own CPU kernels, no hand-written ones:
 - `Int8Embedding`: rows of int8 with one scale per 32 values (GGUF Q8_0's layout, exactly);
   a lookup gathers and scales only the rows asked for.
 
-A one-row call (a one-sequence decode step) goes through fbgemm's dynamic int8 linear instead,
-where it sums exactly (`exact_decode_kernel`): on the same int8 weights it streams them about
-twice as fast as `_int_mm` with its activation quantization (benchmarks/decode_weight_streaming.py),
-and its own activation levels (asymmetric, 256 of them, one scale for the row) lose less than the
-symmetric 255: +0.30% perplexity against fp32 where the int8 path has +0.71%
-(benchmarks/perplexity.py, `int8+fbgemm-rows`). Calls of several rows stay on `_int_mm`: fbgemm
-takes one activation scale per call, and a row at a time it was slower than `_int_mm` at four
-rows (served, docs/benchmarks.md).
+A call of few rows (a decode step of a few sequences, a verify step's K + 1 rows) goes through
+fbgemm's dynamic int8 linear instead, where it sums exactly (`exact_decode_kernel`): on the same
+int8 weights it streams them about twice as fast as `_int_mm` with its activation quantization
+(benchmarks/decode_weight_streaming.py). It takes one activation range per call, so:
+- one row is its own range: asymmetric, 256 levels between the row's minimum and maximum, which
+  lose less than the symmetric 255: +0.30% perplexity against fp32 where the int8 path has
+  +0.71% (benchmarks/perplexity.py, `int8+fbgemm-rows`);
+- several rows are each divided by their own max |x| and a guard row holding -128/127 and 1 is
+  added, so the call's range is always the same: scale 1/127, zero point 128, every row on its
+  own levels round(127 x / max |x|), the int8 path's, whatever the other rows, and scaled back
+  after (`fbgemm_rows`).
+Beyond FBGEMM_MAX_ROWS rows `_int_mm` is faster (docs/benchmarks.md, "Reading the weights
+faster").
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 
 import torch
@@ -34,6 +40,9 @@ from services.executor.observed_linear import ObservedLinear
 GROUP_SIZE = 32  # GGUF's block length for Q4_1 and Q8_0; one of torch's int4 group sizes
 # torch's int4 CPU kernel stores w = (q - INT4_MID) * scale + zero for q in [0, 15].
 INT4_MID = 8
+# Calls of up to this many rows take fbgemm where it sums exactly; larger ones _int_mm, which
+# is faster there (benchmarks/decode_weight_streaming.py).
+FBGEMM_MAX_ROWS = 32
 
 
 @functools.cache
@@ -45,9 +54,42 @@ def exact_decode_kernel() -> bool:
     against fp32, `int8+fbgemm-rows-reduced`): there the decode rows stay on _int_mm."""
     weight = torch.full((8, 256), 127.0)  # every product at its largest: 255 x 127 per pair
     packed = pack_for_fbgemm(weight, torch.ones(8), None)
-    out = torch.ops.quantized.linear_dynamic(torch.ones(1, 256), packed, False)
+    exact = torch.full((1, 8), 256 * 127.0)
     # Exact sums give 256 * 127 up to the float scale's rounding; saturated ones about half.
-    return bool(torch.allclose(out, torch.full((1, 8), 256 * 127.0), rtol=1e-4, atol=0))
+    one_row = torch.ops.quantized.linear_dynamic(torch.ones(1, 256), packed, False)
+    rows = fbgemm_rows(torch.ones(3, 256), packed)
+    return bool(
+        torch.allclose(one_row, exact, rtol=1e-4, atol=0)
+        and torch.allclose(rows, exact.expand(3, -1), rtol=1e-4, atol=0)
+    )
+
+
+# Per (rows, in_features): [rows + 1, in] fp32, the last row the guard (-128/127, 1, 0, ...):
+# fbgemm's range [-128/127, 1] gives scale 1/127 and zero point 128, so a row divided by its
+# max |x| takes the levels 1 .. 255, the int8 path's -127 .. 127 shifted. Bounded: rows <=
+# FBGEMM_MAX_ROWS, and a model has a few distinct input widths. Per thread: a buffer is written
+# in place for each call.
+_GUARDED = threading.local()
+
+
+def fbgemm_rows(
+    x: torch.Tensor,  # [rows, in] fp32
+    packed,  # pack_for_fbgemm's weights, without bias
+) -> torch.Tensor:  # [rows, out] fp32
+    """fbgemm's dynamic int8 linear with every row quantized on its own levels: each divided by
+    its max |x|, plus the guard row, so the call's one range is the same whatever the rows (a
+    row's result does not depend on the others), then scaled back."""
+    rows, width = x.shape
+    buffers = _GUARDED.__dict__.setdefault("by_shape", {})
+    buffer = buffers.get((rows, width))
+    if buffer is None:
+        buffer = torch.zeros(rows + 1, width)
+        buffer[rows, :2] = torch.tensor([-128 / 127, 1.0])
+        buffers[(rows, width)] = buffer
+    row_max = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # [rows, 1]
+    torch.div(x, row_max, out=buffer[:rows])
+    out = torch.ops.quantized.linear_dynamic(buffer, packed, False)  # [rows + 1, out]
+    return out[:rows].mul_(row_max)
 
 
 def pack_for_fbgemm(
@@ -81,23 +123,28 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight_t", qweight.t().contiguous())  # [in, out] int8
         self.register_buffer("scales", scales)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-        # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object).
-        self.decode_row = None
+        # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object),
+        # without the bias: fbgemm_rows adds it after scaling its rows back.
+        self.few_rows = None
         if decode_kernel and exact_decode_kernel():
-            self.decode_row = pack_for_fbgemm(qweight, scales, self.bias)
+            self.few_rows = pack_for_fbgemm(qweight, scales, None)
 
     @property
     def packed_bytes(self) -> int:
         """The packed copy's int8 weights (fbgemm's per-column offsets left out); 0 without."""
-        return self.in_features * self.out_features if self.decode_row is not None else 0
+        return self.in_features * self.out_features if self.few_rows is not None else 0
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers()) + self.packed_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
-        if self.decode_row is not None and x.shape[0] == 1:
-            return torch.ops.quantized.linear_dynamic(x.float(), self.decode_row, False)
+        if self.few_rows is not None and 0 < x.shape[0] <= FBGEMM_MAX_ROWS:
+            if x.shape[0] == 1:
+                out = torch.ops.quantized.linear_dynamic(x.float(), self.few_rows, False)
+            else:
+                out = fbgemm_rows(x.float(), self.few_rows)
+            return out if self.bias is None else out.add_(self.bias)
         # One scale per row, so a token's result does not depend on the rest of the batch (a
         # per-tensor scale, as fbgemm's dynamic linear uses, would let one outlier token coarsen
         # every other row's quantization).

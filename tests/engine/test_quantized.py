@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from services.executor.gguf_blocks import read_q4_1, read_q8_0
 from services.executor.quantized import (
+    FBGEMM_MAX_ROWS,
     Int4Linear,
     Int8Embedding,
     Int8Linear,
@@ -51,22 +52,45 @@ def test_int8_linear_gives_a_row_the_same_result_whatever_the_other_rows(decode_
     other[7] *= 100  # an outlier row
     assert torch.equal(layer(x)[3], layer(other)[3])
     assert torch.equal(layer(x[:2])[1], layer(other[[7, 1]])[1])
+    # Every row count up to the fbgemm limit (its guard row keeps one range per call), and
+    # beyond it, where _int_mm takes over.
+    many = torch.randn(FBGEMM_MAX_ROWS + 8, 128, generator=torch.Generator().manual_seed(2))
+    assert all(
+        torch.equal(layer(many[:rows])[0], layer(many[:2])[0])
+        for rows in range(2, FBGEMM_MAX_ROWS + 1)
+    )
     if not (decode_kernel and exact_decode_kernel()):
         assert torch.equal(layer(x[3:4]), layer(x)[3:4])  # one kernel for every call
+        assert torch.equal(layer(many)[0], layer(many[:2])[0])
 
 
 @pytest.mark.skipif(not exact_decode_kernel(), reason="fbgemm does not sum exactly here (no VNNI)")
 def test_a_one_row_int8_call_takes_fbgemm_within_two_percent_of_fp32():
     weight, bias = random_layer()
     layer = Int8Linear(weight, bias)
-    assert layer.decode_row is not None and layer.packed_bytes == 96 * 128
+    assert layer.few_rows is not None and layer.packed_bytes == 96 * 128
     x = torch.randn(1, 128, generator=torch.Generator().manual_seed(3))
     out = layer(x)
     assert relative_error(out, F.linear(x, weight, bias)) < 0.02
-    # Not _int_mm's result: the decode kernel quantizes the activations its own way.
+    # Not _int_mm's result: the one-row kernel quantizes the activations its own way.
     plain = Int8Linear(weight, bias, decode_kernel=False)
     assert not torch.equal(out, plain(x))
-    assert torch.equal(layer(x.expand(2, -1))[0], plain(x.expand(2, -1))[0])  # two rows: _int_mm
+
+
+@pytest.mark.skipif(not exact_decode_kernel(), reason="fbgemm does not sum exactly here (no VNNI)")
+def test_several_rows_through_fbgemm_take_the_int8_paths_levels():
+    # The guard row sets scale 1/127 and zero point 128: each row's levels are _int_mm's, so the
+    # sums are the same and only the dequantization's float rounding may differ.
+    weight, bias = random_layer()
+    layer, plain = Int8Linear(weight, bias), Int8Linear(weight, bias, decode_kernel=False)
+    x = torch.randn(FBGEMM_MAX_ROWS, 128, generator=torch.Generator().manual_seed(4))
+    x[5] *= 1000  # rows of very different scales
+    x[6] = 0.0  # and a row of zeros
+    out, ref = layer(x), plain(x)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert torch.equal(out[6], plain.bias)  # zeros times the weights: the bias alone
+    beyond = torch.cat([x, x[:1]])  # one row over the limit: _int_mm itself
+    assert torch.equal(layer(beyond), plain(beyond))
 
 
 def test_the_decode_kernel_is_used_only_where_it_sums_exactly(monkeypatch):
@@ -74,10 +98,10 @@ def test_the_decode_kernel_is_used_only_where_it_sums_exactly(monkeypatch):
 
     weight, bias = random_layer()
     monkeypatch.setattr(quantized, "exact_decode_kernel", lambda: False)
-    assert Int8Linear(weight, bias).decode_row is None
+    assert Int8Linear(weight, bias).few_rows is None
     monkeypatch.setattr(quantized, "exact_decode_kernel", lambda: True)
-    assert Int8Linear(weight, bias).decode_row is not None
-    assert Int8Linear(weight, bias, decode_kernel=False).decode_row is None
+    assert Int8Linear(weight, bias).few_rows is not None
+    assert Int8Linear(weight, bias, decode_kernel=False).few_rows is None
 
 
 @pytest.mark.parametrize("rows", [1, 33])
