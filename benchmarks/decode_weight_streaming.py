@@ -14,7 +14,11 @@ them reads the whole set from memory, per kernel:
                  fp32 out: the same sums, so it could replace _int_mm where it is faster
   fbgemm dynamic quantized::linear_dynamic on fbgemm-packed per-channel int8 weights: it
                  quantizes the activations itself (asymmetric, one scale per call), so its
-                 outputs differ from the int8 path's
+                 outputs differ from the int8 path's, and with several rows a row's depends on
+                 the others
+  fbgemm rows    the same kernel as Int8Linear runs it for several rows (fbgemm_rows): each
+                 row divided by its max |x|, a guard row fixing the call's range, scaled back:
+                 the int8 path's levels per row, whatever the other rows
   fp32 linear    F.linear on fp32 weights of the same shapes: four times the bytes
   read floor     a max over the int8 weights' bytes (as int64 words): reading them and nothing else
 
@@ -41,7 +45,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from services.executor.quantized import Int8Linear, pack_for_fbgemm
+from services.executor.quantized import Int8Linear, fbgemm_rows, pack_for_fbgemm
 
 
 def layer_shapes(args) -> list[tuple[int, int]]:
@@ -92,6 +96,10 @@ def run_fbgemm(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.quantized.linear_dynamic(x, layer.fbgemm, False)
 
 
+def run_fbgemm_rows(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:
+    return fbgemm_rows(x, layer.fbgemm)
+
+
 def run_fp32(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, layer.fp32)
 
@@ -100,6 +108,7 @@ KERNELS = {
     "_int_mm": run_int_mm,
     "onednn packed": run_onednn,
     "fbgemm dynamic": run_fbgemm,
+    "fbgemm rows": run_fbgemm_rows,
     "fp32 linear": run_fp32,
 }
 
@@ -145,7 +154,9 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=3)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=49152)
-    parser.add_argument("--rows", default="1,4", help="activation rows per pass")
+    parser.add_argument(
+        "--rows", default="1,2,4,8,16,32,64,128,256", help="activation rows per pass"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=15)
     parser.add_argument("--json", default="benchmarks/results/decode_weight_streaming.json")

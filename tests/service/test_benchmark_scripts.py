@@ -67,11 +67,12 @@ CASES = [
     Case(
         "decode_weight_streaming",
         lambda m, out: ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--heads", "2",
-                        "--kv-heads", "1", "--head-dim", "32", "--vocab", "256", "--rows", "1",
+                        "--kv-heads", "1", "--head-dim", "32", "--vocab", "256", "--rows", "1,3",
                         "--passes", "1", "--threads", "1", "--json", str(out)],
         ("int8_weight_mb", "median_per_pass.read floor.gb_per_s",
          "median_per_pass._int_mm, 1 row(s).ms",
-         "median_per_pass.fbgemm dynamic, 1 row(s).max_relative_diff_vs_int_mm_gaussian"),
+         "median_per_pass.fbgemm dynamic, 1 row(s).max_relative_diff_vs_int_mm_gaussian",
+         "median_per_pass.fbgemm rows, 3 row(s).max_relative_diff_vs_int_mm_gaussian"),
     ),
     Case(
         "cpu_serving",
