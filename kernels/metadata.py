@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -40,6 +40,22 @@ class PrefillSpan:
     # valid up to start_pos; this step's are written into it (services/executor/context_mirror.py).
     # None: the context is gathered from the blocks.
     mirror: torch.Tensor | None = None
+    # The causal mask per query-head group, built by the first layer that asks and reused by
+    # the rest: the same for every layer, and each of its small ops counts on a CPU at verify
+    # and chunk sizes.
+    masks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def causal_mask(self, group: int, device: torch.device) -> torch.Tensor:
+        """[group * q_len, ctx] bool, True where a query sees a key: query i sits at position
+        start_pos + i and sees keys at positions <= that; the rows repeat for each of the
+        `group` query heads folded into a KV head's rows (reference._grouped_attention)."""
+        mask = self.masks.get(group)
+        if mask is None:
+            q_len = self.query_end - self.query_start
+            positions = torch.arange(self.start_pos + q_len, device=device)
+            mask = positions[None, :] <= positions[:q_len, None] + self.start_pos
+            mask = self.masks[group] = mask.repeat(group, 1)
+        return mask
 
 
 @dataclass

@@ -91,10 +91,8 @@ def paged_attention(
                 k = k_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
                 v = v_cache.index_select(0, span.blocks).view(-1, num_kv_heads, head_dim)[:ctx]
                 k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, ctx, head_dim]
-            # query i sits at position start_pos + i and sees keys at positions <= that
-            positions = torch.arange(ctx, device=query.device)
-            mask = positions[None, :] <= positions[:q_len, None] + span.start_pos
-            o = _grouped_attention(q, k, v, mask, scale)
+            group = q.shape[0] // k.shape[0]
+            o = _grouped_attention(q, k, v, span.causal_mask(group, query.device), scale)
         out[rows] = o.transpose(0, 1)
     return out
 
@@ -220,7 +218,7 @@ def _grouped_attention(
     q: torch.Tensor,  # [num_heads, q_len, head_dim]
     k: torch.Tensor,  # [num_kv_heads, ctx, head_dim]
     v: torch.Tensor,  # [num_kv_heads, ctx, head_dim]
-    mask: torch.Tensor,  # [q_len, ctx] bool, True where a query sees a key
+    mask: torch.Tensor,  # [group * q_len, ctx] bool, True where a query sees a key
     scale: float,
 ) -> torch.Tensor:  # [num_heads, q_len, head_dim]
     """Attention with each KV head's query heads folded into its query rows.
@@ -235,9 +233,7 @@ def _grouped_attention(
     group = num_heads // num_kv_heads
     # Query head h uses KV head h // group, so heads [j*group, (j+1)*group) share KV head j.
     q_rows = q.reshape(1, num_kv_heads, group * q_len, head_dim)
-    o = F.scaled_dot_product_attention(
-        q_rows, k[None], v[None], attn_mask=mask.repeat(group, 1), scale=scale
-    )
+    o = F.scaled_dot_product_attention(q_rows, k[None], v[None], attn_mask=mask, scale=scale)
     return o.view(num_heads, q_len, head_dim)
 
 

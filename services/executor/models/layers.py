@@ -114,6 +114,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        if x.dtype == torch.float32:
+            # The same ops in one call (x * rsqrt(mean(x^2) + eps), then times the weight):
+            # the same bits, a few dispatches fewer per norm, which count at decode sizes.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # The order transformers uses: the weight multiplies after the cast back.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -249,8 +253,13 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = x.shape[0]
-        q, k, v = self.project(x)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # project() as it is unless it is this class's own (OLMo 2 norms q and k its own way).
+        plain = not self.qk_norm and type(self).project is Attention.project
+        if not plain or x.device.type != "cpu":
+            q, k, v = self.project(x)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        else:
+            q, k, v = self.rotated_projection(x, cos, sin)
         o = self.attend(q, k, v, kv_cache, meta)
         # Row-parallel: each rank holds some heads' share of the output; the sum is the output.
         return self.shard.all_reduce(linear(o.reshape(num_tokens, -1), self.o_proj))
@@ -271,6 +280,23 @@ class Attention(nn.Module):
         return self.ops.paged_attention(
             q, kv_cache[0], kv_cache[1], meta, self.scale, k, v, **extra
         )
+
+    def rotated_projection(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        cos: torch.Tensor,  # [num_tokens, 1, rotary_dim]
+        sin: torch.Tensor,  # [num_tokens, 1, rotary_dim]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """project() then rotary, with q and k rotated in one call: they sit side by side in the
+        fused projection's output, and on the CPU each of rotary's seven small ops costs as much
+        to dispatch as to run at decode sizes. The same elementwise ops: the same bits."""
+        num_tokens = x.shape[0]
+        qkv = linear(x, self.qkv_proj)  # [num_tokens, q_size + 2 * kv_size]
+        heads = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : self.split[0] + self.split[1]].view(num_tokens, heads, self.head_dim)
+        q, k = apply_rotary(qk, cos, sin).split((self.num_heads, self.num_kv_heads), dim=1)
+        v = qkv[:, self.split[0] + self.split[1] :].view(num_tokens, -1, self.head_dim)
+        return q, k, v
 
     def project(
         self,
