@@ -75,13 +75,13 @@ class ModelConfig:
         "CPU weight kernels: none = fp32; int8 = int8 weights and activations; int4 = GGUF "
         "Q4_1 repacked; auto = int8 for the embedded model on a CPU, none otherwise",
     )  # fmt: skip
-    # int8 calls of one row (one-sequence decode steps): auto = fbgemm's dynamic linear where
-    # it sums exactly (CPUs with VNNI), else _int_mm as every larger call
+    # int8 calls of up to 32 rows (decode and verify steps of a few sequences): auto = fbgemm's
+    # dynamic linear where it sums exactly (CPUs with VNNI), else _int_mm as every larger call
     # (services/executor/quantized.py); int_mm = always _int_mm (no second packed copy).
     int8_decode_kernel: Int8DecodeKernel = flag(
         "auto", "--int8-decode-kernel",
-        "int8 kernel for one-row calls (one-sequence decodes): auto = fbgemm where it sums "
-        "exactly (VNNI CPUs), else _int_mm; int_mm = _int_mm always",
+        "int8 kernel for calls of up to 32 rows (decode and verify steps of a few sequences): "
+        "auto = fbgemm where it sums exactly (VNNI CPUs), else _int_mm; int_mm = _int_mm always",
     )  # fmt: skip
     # On CUDA, decode steps replay captured graphs (services/executor/cuda_graphs.py); True
     # runs every step eagerly.

@@ -54,8 +54,8 @@ def quantize_model(
     fp32 pass over them first measures the activations, and SmoothQuant factors are folded into
     the int8 linears (int8) and the LM head (both): see smoothing.py. `model_dir`: where the
     weights came from, the key of the embedded model's cached maxima (calibration_cache.py).
-    `decode_kernel` (--int8-decode-kernel): auto = int8 linears take one-row calls through
-    fbgemm where it is exact (Int8Linear); int_mm = every call through _int_mm."""
+    `decode_kernel` (--int8-decode-kernel): auto = int8 linears take calls of a few rows
+    through fbgemm where it is exact (Int8Linear); int_mm = every call through _int_mm."""
     if mode == "none":
         return
     if mode not in QUANTIZATIONS:
@@ -64,7 +64,7 @@ def quantize_model(
         raise ValueError("quantized weights are not supported with tensor parallelism")
     if model.cos.device.type != "cpu":
         raise ValueError("quantized weights use CPU kernels: run with --device cpu")
-    one_row = decode_kernel == "auto"
+    few_rows = decode_kernel == "auto"
     spec = model.spec
     family = type(model)  # its declarations name the linears and how the checkpoint packs them
     linear_modules = family.quantizable_modules
@@ -95,14 +95,14 @@ def quantize_model(
             elif mode == "int4":
                 quantized = Int4Linear.from_float(dense.weight, dense.bias)
             else:
-                quantized = Int8Linear(dense.weight, dense.bias, one_row)
+                quantized = Int8Linear(dense.weight, dense.bias, few_rows)
             setattr(parent, child_name, quantized)
     embedding = blocks.get("embed_tokens", [None])[0]
     if isinstance(embedding, Q8_0):
         model.embed_tokens = Int8Embedding(embedding.q, embedding.d)
     else:
         model.embed_tokens = Int8Embedding.from_float(model.embed_tokens.weight)
-    model.lm_head = Int8Linear(head_weight, None, one_row)
+    model.lm_head = Int8Linear(head_weight, None, few_rows)
 
 
 def calibration_token_ids(model_dir: Path, max_model_len: int) -> list[int]:
