@@ -7,6 +7,11 @@ int4 repacked from Q4_1 blocks reproduces the blocks' own weights to fp32 roundi
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -275,3 +280,22 @@ def test_cpu_default_stays_within_its_nll_margin_of_fp32():
             (output,) = engine.generate([ids[:512]], sampling)
         nll[mode] = -torch.tensor([t.logprob for t in output.prompt_logprobs.tokens]).mean()
     assert nll["auto"] - nll["none"] <= DEFAULT_NLL_MARGIN, nll
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512"])
+def test_the_exactness_check_fails_where_fbgemm_adds_products_in_int16(isa):
+    # fbgemm limited to AVX2 or AVX-512 without VNNI adds pairs of u8 x s8 products in int16
+    # (vpmaddubsw), which saturate on the worst case: the check must see it and keep _int_mm.
+    # fbgemm reads the limit when it starts: a fresh interpreter.
+    code = (
+        "from services.executor.quantized import Int8Linear, exact_decode_kernel\n"
+        "import torch\n"
+        "assert not exact_decode_kernel()\n"
+        "assert Int8Linear(torch.randn(8, 64), None).few_rows is None\n"
+    )
+    env = {**os.environ, "FBGEMM_ENABLE_INSTRUCTIONS": isa}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
