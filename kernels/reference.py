@@ -45,7 +45,6 @@ def paged_attention(
     """
     if softcap or window:
         return _materialised_paged_attention(query, k_cache, v_cache, meta, scale, softcap, window)
-    out = torch.empty_like(query)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if meta.reference is None:
         raise ValueError("the reference backend needs metadata built with reference_views=True")
@@ -68,7 +67,10 @@ def paged_attention(
         ).squeeze(2)
         if pure_decode:
             return o
+        out = torch.empty_like(query)
         out[views.decode_rows] = o
+    else:
+        out = torch.empty_like(query)
     for span in views.prefills:
         rows = slice(span.query_start, span.query_end)
         q = query[rows].transpose(0, 1)  # [num_heads, q_len, head_dim]
