@@ -311,16 +311,6 @@ class SpeculativeConfig:
         4, "--speculative-max-batch",
         "speculate only while the running batch has at most this many sequences",
     )  # fmt: skip
-    # Beside other sequences, a sequence whose recent proposals were mostly rejected sits
-    # speculation out (probing every few steps): its proposals' rows cost the batch more than
-    # they bring. 0.3: at 4 sequences speculating on code prompts (0.25 of proposals accepted)
-    # lost to plain decoding while repeated text (0.37) gained (docs/benchmarks.md). Alone, a
-    # sequence always speculates: a verify step then costs about a plain one.
-    min_acceptance: float = flag(
-        0.3, "--speculative-min-acceptance",
-        "beside other sequences, a sequence whose recent proposals were accepted less often "
-        "than this proposes only every few steps (0: always)",
-    )  # fmt: skip
     draft_model: str | None = flag(
         None, "--draft-model",
         "the draft model of --speculative-method draft: a local HF directory, .gguf file or "
@@ -337,8 +327,6 @@ class SpeculativeConfig:
             raise ValueError(
                 f"ngram_proposals_per_match must be >= 0, got {self.ngram_proposals_per_match}"
             )
-        if not 0 <= self.min_acceptance <= 1:
-            raise ValueError(f"min_acceptance must be in [0, 1], got {self.min_acceptance}")
         _positive("ngram_min", self.ngram_min)
         _positive("ngram_max", self.ngram_max)
         if self.ngram_min > self.ngram_max:

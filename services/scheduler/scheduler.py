@@ -415,9 +415,7 @@ class Scheduler:
         for seq, n in writes:
             proposals: list[int] = []
             if n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens:
-                proposals = self.speculation.propose(
-                    group, seq, room - added, self.num_running_seqs
-                )
+                proposals = self.speculation.propose(group, seq, room - added)
             if proposals:
                 self._proposals[seq.seq_id] = proposals
                 added += len(proposals)
@@ -626,8 +624,6 @@ class Scheduler:
         positions return to the pool) and only full blocks of real tokens reach the prefix
         cache."""
         seq, group = entry.seq, entry.group
-        # tokens: the accepted proposals and the token the target drew after them.
-        Speculation.observe(seq, len(entry.spec_tokens), len(tokens) - 1)
         start = seq.num_computed_tokens  # the last real token's position
         for token in tokens:
             if self._append_sampled(group, seq, token, update):

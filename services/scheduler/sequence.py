@@ -41,11 +41,6 @@ class Sequence:
     # A deep prompt chunk being computed a few layers per step (layer_parts.py); it lives only
     # while the sequence runs: preempted, the chunk starts again from its first layer.
     layer_part: LayerPart | None = None
-    # Speculation (speculation.py): the share of its recent proposals accepted (an exponential
-    # average over verify steps; 1 until one is verified), and the steps sat out since the last
-    # proposal while that share was low.
-    spec_acceptance: float = 1.0
-    spec_steps_out: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -7,10 +7,7 @@ sequence proposes tokens unless its request needs, inside the verified run, some
 K+1 rows of one step cannot give it: beam search (it picks hypotheses from every draw), a
 grammar (the mask of row i depends on the tokens before it), penalties or min_tokens (their
 counts move with each accepted token), and prompt-lookup requests whose own tokens hold no
-matching n-gram. Beside other sequences (a batch of two or more), a sequence whose recent
-proposals were mostly rejected (Sequence.spec_acceptance below --speculative-min-acceptance)
-proposes only on every PROBE_EVERY-th step, so that its share can recover when its output turns
-to copying. Refusing speculation is always correct: the sequence decodes one token.
+matching n-gram. Refusing speculation is always correct: the sequence decodes one token.
 """
 
 from __future__ import annotations
@@ -20,11 +17,6 @@ from services.scheduler.sequence import Sequence, SequenceGroup
 from services.scheduler.stop_rules import max_output_tokens
 from shared.config import SpeculativeConfig
 from shared.protocol import DRAFT_TOKEN
-
-# Weight of the latest verify step in a sequence's acceptance share: a few steps decide it.
-ACCEPTANCE_WEIGHT = 0.3
-# A sequence with a low share proposes on one step in this many (a probe).
-PROBE_EVERY = 4
 
 
 def may_speculate(group: SequenceGroup) -> bool:
@@ -49,14 +41,12 @@ class Speculation:
         """Whether this step speculates at all (the batch-size rule)."""
         return num_running_seqs <= self.config.max_batch
 
-    def propose(
-        self, group: SequenceGroup, seq: Sequence, room: int, num_running_seqs: int = 1
-    ) -> list[int]:
+    def propose(self, group: SequenceGroup, seq: Sequence, room: int) -> list[int]:
         """The proposals of a decoding sequence (at most `room` of them, and never past the
         tokens it may still generate: a step returns up to K + 1); [] for none."""
         remaining = max_output_tokens(group.sampling, seq.prompt_len, self.max_seq_len)
         k = min(self.config.num_tokens, room, remaining - seq.num_output_tokens - 1)
-        if k <= 0 or not may_speculate(group) or self._sits_out(seq, num_running_seqs):
+        if k <= 0 or not may_speculate(group):
             return []
         if self.config.method == "draft":
             return [DRAFT_TOKEN] * k
@@ -64,23 +54,6 @@ class Speculation:
         return propose_ngram(
             seq.token_ids, k, config.ngram_min, config.ngram_max, config.ngram_proposals_per_match
         )
-
-    def _sits_out(self, seq: Sequence, num_running_seqs: int) -> bool:
-        """Whether a sequence with a low acceptance share skips this step (not a probe)."""
-        if num_running_seqs <= 1 or seq.spec_acceptance >= self.config.min_acceptance:
-            return False
-        seq.spec_steps_out += 1
-        if seq.spec_steps_out < PROBE_EVERY:
-            return True
-        seq.spec_steps_out = 0
-        return False
-
-    @staticmethod
-    def observe(seq: Sequence, num_proposed: int, num_accepted: int) -> None:
-        """A verify step of seq: its acceptance share moves towards this step's."""
-        if num_proposed:
-            share = num_accepted / num_proposed
-            seq.spec_acceptance += ACCEPTANCE_WEIGHT * (share - seq.spec_acceptance)
 
     def record(self, num_proposed: int, num_accepted: int) -> None:
         self.num_proposed += num_proposed

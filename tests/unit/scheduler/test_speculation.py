@@ -55,26 +55,6 @@ def test_proposals_never_reach_past_max_tokens():
     assert draft.propose(_group(), _group().seqs[0], room=2) == [DRAFT_TOKEN] * 2
 
 
-def test_beside_others_a_sequence_with_rejected_proposals_only_probes():
-    spec = Speculation(SpeculativeConfig(method="ngram", num_tokens=3), max_seq_len=100)
-    group = _group()
-    seq = group.seqs[0]
-    for _ in range(4):  # four verify steps that kept nothing of three proposals
-        Speculation.observe(seq, 3, 0)
-    assert seq.spec_acceptance < spec.config.min_acceptance
-    assert spec.propose(group, seq, room=100, num_running_seqs=1) == [3, 1, 2]  # alone: always
-    beside = [spec.propose(group, seq, room=100, num_running_seqs=4) for _ in range(8)]
-    assert beside == [[], [], [], [3, 1, 2]] * 2  # one probe every PROBE_EVERY steps
-    for _ in range(3):  # the probes' proposals accepted: back to proposing every step
-        Speculation.observe(seq, 3, 3)
-    assert all(spec.propose(group, seq, room=100, num_running_seqs=4) for _ in range(4))
-    off = Speculation(
-        SpeculativeConfig(method="ngram", num_tokens=3, min_acceptance=0), max_seq_len=100
-    )
-    seq.spec_acceptance = 0.0
-    assert off.propose(group, seq, room=100, num_running_seqs=4) == [3, 1, 2]
-
-
 def test_trim_returns_rejected_blocks_and_resends_the_table():
     manager = BlockManager(block_size=4, num_device_blocks=8, num_cpu_blocks=0)
     manager.allocate_slots(0, 0, 6)  # two blocks
