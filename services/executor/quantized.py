@@ -22,8 +22,8 @@ int8 weights it streams them about twice as fast as `_int_mm` with its activatio
   added, so the call's range is always the same: scale 1/127, zero point 128, every row on its
   own levels round(127 x / max |x|), the int8 path's, whatever the other rows, and scaled back
   after (`fbgemm_rows`).
-Beyond FBGEMM_MAX_ROWS rows `_int_mm` is faster (docs/benchmarks.md, "Reading the weights
-faster").
+Beyond FBGEMM_MAX_ROWS rows `_int_mm` is faster (docs/benchmarks.md, "Verify rows through
+fbgemm too").
 """
 
 from __future__ import annotations
@@ -83,8 +83,11 @@ def fbgemm_rows(
     buffers = _GUARDED.__dict__.setdefault("by_shape", {})
     buffer = buffers.get((rows, width))
     if buffer is None:
-        buffer = torch.zeros(rows + 1, width)
-        buffer[rows, :2] = torch.tensor([-128 / 127, 1.0])
+        # A normal tensor even when first made in inference mode (the executor's): an inference
+        # tensor could not be written to outside it (a benchmark's or a test's calls).
+        with torch.inference_mode(False):
+            buffer = torch.zeros(rows + 1, width)
+            buffer[rows, :2] = torch.tensor([-128 / 127, 1.0])
         buffers[(rows, width)] = buffer
     row_max = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # [rows, 1]
     torch.div(x, row_max, out=buffer[:rows])
@@ -124,7 +127,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales)  # [out]
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object),
-        # without the bias: fbgemm_rows adds it after scaling its rows back.
+        # without the bias, which forward() adds once fbgemm_rows has scaled its rows back.
         self.few_rows = None
         if decode_kernel and exact_decode_kernel():
             self.few_rows = pack_for_fbgemm(qweight, scales, None)

@@ -98,6 +98,19 @@ def test_several_rows_through_fbgemm_take_the_int8_paths_levels():
     assert torch.equal(layer(beyond), plain(beyond))
 
 
+def test_several_rows_in_and_out_of_inference_mode():
+    # The guard buffer made inside inference mode (as the executor calls) must stay writable
+    # outside it, and the other way round.
+    layer = Int8Linear(*random_layer())
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        inside = layer(x)
+    outside = layer(x)
+    with torch.inference_mode():
+        again = layer(x)
+    assert torch.equal(inside, outside) and torch.equal(outside, again)
+
+
 def test_the_decode_kernel_is_used_only_where_it_sums_exactly(monkeypatch):
     import services.executor.quantized as quantized
 
