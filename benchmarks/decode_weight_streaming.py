@@ -45,7 +45,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from services.executor.quantized import Int8Linear, fbgemm_rows, pack_for_fbgemm
+from services.executor.quantized import (
+    Int8Linear,
+    fbgemm_rows,
+    pack_for_fbgemm,
+    quantize_rows,
+)
 
 
 def layer_shapes(args) -> list[tuple[int, int]]:
@@ -70,12 +75,6 @@ class Int8Layer:
         self.onednn = torch.ops.onednn.qlinear_prepack(self.q, None)
         self.fbgemm = pack_for_fbgemm(self.q, self.scales, None)
         self.fp32 = self.q.float() * self.scales[:, None]  # [out, in] the exact int8 weights
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [rows, in] -> int8 levels and one scale per row, as Int8Linear quantizes them."""
-    scales = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)  # [rows, 1]
-    return (x / scales).round_().to(torch.int8), scales
 
 
 def run_int_mm(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]

@@ -62,7 +62,7 @@ def pagedserve_nll(
     if row_kernel not in ("", "fbgemm-rows", "fbgemm-rows-reduced"):
         raise SystemExit(f"unknown row kernel {row_kernel!r} in mode {mode!r}")
     rows = (
-        fbgemm_rows(reduce_range=row_kernel == "fbgemm-rows-reduced")
+        one_row_numerics(reduce_range=row_kernel == "fbgemm-rows-reduced")
         if row_kernel
         else contextlib.nullcontext()
     )
@@ -89,7 +89,7 @@ def pagedserve_nll(
 
 
 @contextlib.contextmanager
-def fbgemm_rows(reduce_range: bool):
+def one_row_numerics(reduce_range: bool):
     """While open, Int8Linear computes each row alone through fbgemm's dynamic linear on the
     same int8 weights (packed once per layer): one-row decode numerics for every scored token."""
     from services.executor.quantized import Int8Linear, exact_decode_kernel, pack_for_fbgemm

@@ -233,6 +233,9 @@ class Attention(nn.Module):
             self.q_norm = make_norm(spec, spec.head_dim)
             self.k_norm = make_norm(spec, spec.head_dim)
         self.qk_norm = spec.qk_norm
+        # q and k rotated in one call (rotated_projection) unless a family projects its own way
+        # (OLMo 2 norms q and k over whole projections): fixed per class, so decided here.
+        self.rotate_together = not spec.qk_norm and type(self).project is Attention.project
         self.scale = spec.softmax_scale
         # Passed only when set, so backends without soft-capping are never asked for it.
         self.extra = {"softcap": spec.attn_softcap} if spec.attn_softcap else {}
@@ -253,9 +256,7 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
         num_tokens = x.shape[0]
-        # project() as it is unless it is this class's own (OLMo 2 norms q and k its own way).
-        plain = not self.qk_norm and type(self).project is Attention.project
-        if not plain or x.device.type != "cpu":
+        if not self.rotate_together or x.device.type != "cpu":
             q, k, v = self.project(x)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         else:
@@ -292,10 +293,10 @@ class Attention(nn.Module):
         to dispatch as to run at decode sizes. The same elementwise ops: the same bits."""
         num_tokens = x.shape[0]
         qkv = linear(x, self.qkv_proj)  # [num_tokens, q_size + 2 * kv_size]
-        heads = self.num_heads + self.num_kv_heads
-        qk = qkv[:, : self.split[0] + self.split[1]].view(num_tokens, heads, self.head_dim)
+        heads, qk_size = self.num_heads + self.num_kv_heads, self.split[0] + self.split[1]
+        qk = qkv[:, :qk_size].view(num_tokens, heads, self.head_dim)
         q, k = apply_rotary(qk, cos, sin).split((self.num_heads, self.num_kv_heads), dim=1)
-        v = qkv[:, self.split[0] + self.split[1] :].view(num_tokens, -1, self.head_dim)
+        v = qkv[:, qk_size:].view(num_tokens, -1, self.head_dim)
         return q, k, v
 
     def project(
