@@ -104,6 +104,9 @@ class AttentionMetadata:
     rope_lens: torch.Tensor | None = None
     # Steps with decodes and multi-token sequences, for the Triton backend; None otherwise.
     mixed: MixedSplit | None = None
+    # [num_tokens] int64 the sequence (row of block_tables) of each token: the CPU row kernels
+    # read a token's context through it (kernels/cpu_rows.py).
+    token_seqs: torch.Tensor | None = None
 
 
 def build_attention_metadata(
@@ -172,6 +175,7 @@ def metadata_from_table(
             else host_to_device(torch.tensor(rope_lens), device)[seq_of_token]
         ),
         mixed=None if reference_views else mixed_split(query_lens, device),
+        token_seqs=seq_of_token,
     )
 
 
@@ -216,6 +220,7 @@ def decode_metadata(
         max_query_len=1 if num_seqs else 0,
         positions=starts,
         reference=reference,
+        token_seqs=seq_index,
     )
 
 

@@ -17,6 +17,7 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
 Quantization = Literal["auto", "none", "int8", "int4"]
 Int8DecodeKernel = Literal["auto", "int_mm"]
+CpuRowKernels = Literal["auto", "off"]
 KVPolicy = Literal["paged", "orca-max", "orca-pow2", "orca-oracle"]
 GenerationConfigSource = Literal["auto", "vllm"]
 ExecutorKind = Literal["model", "sim"]
@@ -83,6 +84,14 @@ class ModelConfig:
         "int8 kernel for calls of up to 32 rows (decode and verify steps of a few sequences): "
         "auto = fbgemm where it sums exactly (VNNI CPUs), else _int_mm; int_mm = _int_mm always",
     )  # fmt: skip
+    # Steps whose sequences compute up to 16 tokens each (decodes, verify steps) run each layer's
+    # norms, rotary, KV write, attention and gate as C++ ops on a CPU (kernels/cpu_rows.py);
+    # off keeps the reference ops for every step.
+    cpu_row_kernels: CpuRowKernels = flag(
+        "auto", "--cpu-row-kernels",
+        "CPU: auto = C++ ops for a layer's small ops in decode and verify steps (built on first "
+        "use; the reference ops where they cannot be built); off = the reference ops always",
+    )  # fmt: skip
     # On CUDA, decode steps replay captured graphs (services/executor/cuda_graphs.py); True
     # runs every step eagerly.
     enforce_eager: bool = flag(
@@ -109,6 +118,8 @@ class ModelConfig:
             raise ValueError(
                 f"generation_config must be auto or vllm, got {self.generation_config!r}"
             )
+        if self.cpu_row_kernels not in typing.get_args(CpuRowKernels):
+            raise ValueError(f"cpu_row_kernels must be auto or off, got {self.cpu_row_kernels!r}")
         _positive("max_model_len", self.max_model_len, allow_none=True)
         _positive("num_threads", self.num_threads, allow_none=True)
 

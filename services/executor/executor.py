@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.cpu_rows import load_row_ops
 from kernels.metadata import host_to_device, int64_tensor
 from kernels.ops import select_ops
 from services.executor.block_tables import DeviceBlockTables
@@ -142,6 +143,8 @@ class Executor:
             cache_config, draft_cache_config = shared_pool_configs(
                 config.cache, self.model.kv_layout, draft_model.kv_layout, dtype
             )
+        if self.device.type == "cpu" and self.ops.name == "torch":
+            self._use_row_kernels(config.model.cpu_row_kernels, self.model, draft_model)
         self.cache = KVCache(self.model.kv_layout, cache_config, dtype, self.device, self.ops)
         self.mirrors = self._context_mirrors(config.cache.context_mirror_bytes)
         self.eos_token_ids = eos_token_ids(model_dir, hf_config)
@@ -229,6 +232,17 @@ class Executor:
         except Exception:  # noqa: BLE001 - any failure means: run eagerly
             log.exception("CUDA graph capture failed; decode steps run eagerly")
             return None
+
+    @staticmethod
+    def _use_row_kernels(setting: str, *models) -> None:
+        """The CPU row kernels for the models built of layers they implement (built here on
+        a first start: seconds; kernels/cpu_rows.py)."""
+        if setting == "off":
+            return
+        row_ops = load_row_ops()
+        for model in models:
+            if model is not None and model.use_row_kernels(row_ops):
+                log.info("CPU row kernels serve %s's decode and verify steps", type(model).__name__)
 
     def _context_mirrors(self, budget_bytes: int) -> ContextMirrors | None:
         """Mirrors of deep prompt chunks' context, where they apply: the reference attention

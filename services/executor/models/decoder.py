@@ -8,14 +8,29 @@ transformers config; weights.py (checkpoint names, tensor-parallel slices), the 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.metadata import AttentionMetadata
 from kernels.ops import KernelOps
-from services.executor.models.layers import DecoderLayer, linear_weight, make_norm, rope_tables
+from services.executor.models.layers import (
+    Attention,
+    DecoderLayer,
+    GatedMLP,
+    RMSNorm,
+    linear,
+    linear_weight,
+    make_norm,
+    rope_tables,
+)
 from services.executor.models.spec import KVLayout, ModelSpec, base_spec_fields
 from services.executor.quantized import QUANTIZED_LINEARS
 from services.executor.tensor_parallel import Shard
+
+# Steps whose sequences compute at most this many tokens each go through the CPU row kernels
+# (decodes, verify steps of up to 15 proposals, short prompt chunks): each row attends on its own,
+# so a longer chunk's rows would each re-read the whole context where SDPA reads it once.
+ROW_QUERY_LIMIT = 16
 
 
 class DecoderForCausalLM(nn.Module):
@@ -52,6 +67,7 @@ class DecoderForCausalLM(nn.Module):
     # Checkpoint tensors that hold nothing we load (precomputed rotary frequencies).
     ignored_checkpoint_names = ("rotary_emb",)
     layer_class = DecoderLayer
+    row_ops = None  # the CPU row kernels' ops when use_row_kernels took them
 
     @classmethod
     def spec_from_config(cls, config, architecture: str) -> ModelSpec:
@@ -128,9 +144,80 @@ class DecoderForCausalLM(nn.Module):
             rows = self._longrope_rows(positions, meta)
         cos = self.cos[rows].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, table width]
         sin = self.sin[rows].to(h.dtype).unsqueeze(1)
+        if (
+            self.row_ops is not None
+            and (first, end) == (0, len(self.layers))
+            and meta.token_seqs is not None
+            and meta.max_query_len <= ROW_QUERY_LIMIT
+            and meta.reference is not None
+            and not meta.reference.mirrored
+        ):
+            return self._forward_rows(h, cos.squeeze(1), sin.squeeze(1), kv_cache, meta)
         rotary = self.layer_rotary(cos, sin)
         for i in range(first, end):
             h = self.layers[i](h, *rotary[i], kv_cache[i], meta)
+        return h
+
+    def use_row_kernels(self, ops) -> bool:
+        """Steps of up to ROW_QUERY_LIMIT tokens per sequence run through the CPU row kernels
+        (kernels/cpu_rows.py) where this model is built of the layers they implement: Llama's
+        decoder layer, RMSNorm, full rotate-half rotary, a SiLU-gated MLP, fp32 on a CPU, no
+        soft-capping, window or tensor parallelism. Says whether it does."""
+        self.row_ops = ops if ops is not None and self._row_kernels_fit() else None
+        return self.row_ops is not None
+
+    def _row_kernels_fit(self) -> bool:
+        spec = self.spec
+        if self.shard.size != 1 or spec.rope_switch_len is not None:
+            return False
+        if self.cos.shape[-1] != spec.head_dim or self.cos.device.type != "cpu":
+            return False
+        for layer in self.layers:
+            if type(layer) is not DecoderLayer:  # (MoE layers have no .mlp, for one)
+                return False
+            attn, mlp = layer.self_attn, layer.mlp
+            if type(attn) is not Attention:
+                return False
+            if not attn.rotate_together or attn.extra:
+                return False
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
+                return False
+            if type(mlp) is not GatedMLP or mlp.act is not F.silu:
+                return False
+        return True
+
+    def _forward_rows(
+        self,
+        h: torch.Tensor,  # [num_tokens, hidden] fp32, the embeddings (updated in place)
+        cos: torch.Tensor,  # [num_tokens, head_dim] fp32
+        sin: torch.Tensor,  # [num_tokens, head_dim] fp32
+        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, hidden], before the final norm
+        """forward() through the row kernels: per layer the four matmuls in torch and four C++
+        calls between them (norm, rotary + KV write + attention, residual + norm, gate)."""
+        ops = self.row_ops
+        positions, slots = meta.positions.contiguous(), meta.slot_mapping.contiguous()
+        h = h.contiguous()
+        first = self.layers[0].input_layernorm
+        x = ops.rms_norm(h, first.weight, first.eps)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            o = ops.rows_attention(
+                linear(x, attn.qkv_proj), cos, sin, kv_cache[i, 0], kv_cache[i, 1], slots,
+                meta.block_tables, meta.token_seqs, positions, attn.scale, attn.num_heads,
+                attn.num_kv_heads,
+            )  # fmt: skip
+            post = layer.post_attention_layernorm
+            x = ops.add_rms_norm(h, linear(o, attn.o_proj), post.weight, post.eps)
+            mlp_out = linear(ops.silu_mul(linear(x, layer.mlp.gate_up_proj)), layer.mlp.down_proj)
+            if i == last:
+                h.add_(mlp_out)
+            else:
+                norm = self.layers[i + 1].input_layernorm
+                x = ops.add_rms_norm(h, mlp_out, norm.weight, norm.eps)
         return h
 
     def layer_rotary(

@@ -25,6 +25,7 @@ EVERY_FLAG = (
     "--model /m --download-dir /d --dtype float16 --max-model-len 99 --engine-seed 7 "
     "--num-threads 3 --device cpu --generation-config vllm "
     "--attention-backend torch --enforce-eager --quantization int8 --int8-decode-kernel int_mm "
+    "--cpu-row-kernels off "
     "--block-size 8 "
     "--num-device-blocks 40 --kv-cache-gb 0.5 --swap-space-gb 0.25 --context-mirror-gb 0.125 "
     "--max-num-seqs 9 "

@@ -1,0 +1,271 @@
+// A decoder layer's small ops for steps of a few rows per sequence, on the CPU.
+//
+// At decode and verify sizes a CPU step spends more time dispatching the layer's small ops
+// (norms, rotary, the KV write, attention's gather and SDPA, the gate) than computing them: a
+// few microseconds each, several dozen per layer, thirty layers. These ops do each group of them
+// in one call, between the layer's matmuls (which stay in torch). Every query row is computed on
+// its own, in a fixed order, from its own inputs and context only: a row's result never depends
+// on the other rows of the step (services/executor/models/decoder.py, kernels/cpu_rows.py).
+//
+// Built with -ffp-contract=off, so x * c + y * s rounds each product as torch's elementwise ops
+// do (rotary, the residual adds); reductions (norms, attention) sum in their own order.
+//
+// Layouts (kernels/reference.py): k_cache, v_cache [num_blocks, block_size, num_kv_heads,
+// head_dim] fp32, head_dim contiguous; a token's slot is block * block_size + offset.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <bit>
+#include <vector>
+
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// e^x to about one ulp (Cephes' expf: a degree-6 polynomial on x - n ln 2, times 2^n), in
+// plain arithmetic so that loops over it vectorize: the C library's expf is a call per element,
+// which left the gate of 64 rows and their softmaxes slower than torch's vectorized ones.
+// Inputs are clamped to [-87.3, 88.3]: e^-87.3 is still a normal float, e^88.3 still finite.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  // x / ln 2 rounded to the nearest integer (the constant 1.5 * 2^23 pushes the fraction out
+  // of the mantissa; std::floor would not vectorize).
+  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+inline void axpy(float* y, float a, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), name,
+              " must be a contiguous fp32 [rows, width] tensor");
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w, as torch's rms_norm rounds it: the product by the inverse
+// root first, then by the weight.
+void norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float rstd = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * rstd) * w[i];
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight must be [width]");
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.size(1);
+  for (int64_t r = 0; r < x.size(0); ++r)
+    norm_row(x.data_ptr<float>() + r * n, weight.data_ptr<float>(), y.data_ptr<float>() + r * n,
+             n, static_cast<float>(eps));
+  return y;
+}
+
+// h += delta (in place: the residual stream), then the norm of the new h.
+at::Tensor add_rms_norm(at::Tensor h, const at::Tensor& delta, const at::Tensor& weight,
+                        double eps) {
+  check_rows(h, "h");
+  check_rows(delta, "delta");
+  TORCH_CHECK(delta.sizes() == h.sizes(), "delta must be shaped as h");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == h.size(1), "weight must be [width]");
+  at::Tensor y = at::empty_like(h);
+  const int64_t n = h.size(1);
+  float* hp = h.data_ptr<float>();
+  const float* dp = delta.data_ptr<float>();
+  for (int64_t i = 0; i < h.numel(); ++i) hp[i] = hp[i] + dp[i];
+  for (int64_t r = 0; r < h.size(0); ++r)
+    norm_row(hp + r * n, weight.data_ptr<float>(), y.data_ptr<float>() + r * n, n,
+             static_cast<float>(eps));
+  return y;
+}
+
+inline void silu_mul_row(const float* __restrict g, const float* __restrict u,
+                         float* __restrict o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = (g[i] / (1.f + exp_approx(-g[i]))) * u[i];
+}
+
+// [rows, 2 * width] gate | up -> [rows, width] silu(gate) * up.
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  at::Tensor y = at::empty({rows, width}, gate_up.options());
+  const float* g = gate_up.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gr = g + r * 2 * width;
+    const float* ur = gr + width;
+    float* o = out + r * width;
+    silu_mul_row(gr, ur, o, width);
+  }
+  return y;
+}
+
+// Rotate-half rotary of one head: out[i] = x[i] c[i] - x[i + d/2] s[i] for i < d/2, and
+// x[i] c[i] + x[i - d/2] s[i] after, as `x * cos + rotate_half(x) * sin`.
+inline void rotate(const float* x, const float* c, const float* s, float* out, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) out[i] = x[i] * c[i] + (-x[i + half]) * s[i];
+  for (int64_t i = half; i < d; ++i) out[i] = x[i] * c[i] + x[i - half] * s[i];
+}
+
+// Below this many multiply-adds the rows run on the calling thread: waking the pool costs more.
+constexpr int64_t kSerialWork = 1 << 18;
+
+// qkv [rows, (heads + 2 kv_heads) * head_dim] -> [rows, heads * head_dim]: rotary on q and k,
+// k and v written to each row's slot, then each row attends to the first positions[r] + 1
+// positions of its sequence's table (its own and the earlier rows' K/V of this step included).
+at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                          at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots,
+                          const at::Tensor& tables, const at::Tensor& token_seqs,
+                          const at::Tensor& positions, double scale, int64_t heads,
+                          int64_t kv_heads) {
+  check_rows(qkv, "qkv");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
+                  k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "caches must be fp32 [num_blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1 &&
+                  k_cache.stride(2) == k_cache.size(3) && v_cache.stride(2) == v_cache.size(3),
+              "each slot's heads must be contiguous");
+  for (const at::Tensor* t : {&slots, &token_seqs, &positions})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous() &&
+                    t->size(0) == qkv.size(0),
+                "slots, token_seqs and positions must be [rows] int64");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.dim() == 2 && tables.stride(1) == 1,
+              "tables must be [num_seqs, max_blocks] int64");
+  const int64_t rows = qkv.size(0), head_dim = k_cache.size(3);
+  const int64_t block_size = k_cache.size(1), num_blocks = k_cache.size(0);
+  TORCH_CHECK(kv_heads == k_cache.size(2) && heads % kv_heads == 0, "head counts disagree");
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv width disagrees");
+  TORCH_CHECK(cos.size(0) == rows && cos.size(1) == head_dim && sin.sizes() == cos.sizes(),
+              "cos and sin must be [rows, head_dim]");
+  const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
+  const int64_t width = qkv.size(1);
+  const float* x = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* seq = token_seqs.data_ptr<int64_t>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* tab = tables.data_ptr<int64_t>();
+  const int64_t tab_stride = tables.stride(0);
+  const int64_t k0 = k_cache.stride(0), k1 = k_cache.stride(1);
+  const int64_t v0 = v_cache.stride(0), v1 = v_cache.stride(1);
+
+  // Rotary, and this step's K/V into the cache, before any row reads its context.
+  at::Tensor q = at::empty({rows, heads * head_dim}, qkv.options());
+  float* qp = q.data_ptr<float>();
+  int64_t work = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < num_blocks * block_size, "slot out of the pool");
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < max_blocks * block_size, "position beyond its table");
+    const float* xr = x + r * width;
+    const float* c = cp + r * head_dim;
+    const float* s = sp + r * head_dim;
+    for (int64_t h = 0; h < heads; ++h)
+      rotate(xr + h * head_dim, c, s, qp + (r * heads + h) * head_dim, head_dim);
+    float* kd = kc + (slot[r] / block_size) * k0 + (slot[r] % block_size) * k1;
+    float* vd = vc + (slot[r] / block_size) * v0 + (slot[r] % block_size) * v1;
+    for (int64_t h = 0; h < kv_heads; ++h)
+      rotate(xr + (heads + h) * head_dim, c, s, kd + h * head_dim, head_dim);
+    std::copy(xr + (heads + kv_heads) * head_dim, xr + width, vd);
+    work += (pos[r] + 1) * heads * head_dim;
+  }
+
+  at::Tensor out = at::zeros({rows, heads * head_dim}, qkv.options());
+  float* op = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  auto attend = [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, sums(heads);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = pos[r] + 1;
+      const int64_t* table = tab + seq[r] * tab_stride;
+      const float* qr = qp + r * heads * head_dim;
+      float* orow = op + r * heads * head_dim;
+      scores.resize(heads * n);
+      // Positions in memory order (a block's slots hold every KV head side by side), so the
+      // context streams through once for the scores and once for the values.
+      for (int64_t p = 0; p < n; ++p) {
+        const float* kp = kc + table[p / block_size] * k0 + (p % block_size) * k1;
+        for (int64_t h = 0; h < heads; ++h)
+          scores[h * n + p] = dot(qr + h * head_dim, kp + (h / group) * head_dim, head_dim) * fscale;
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* sc = scores.data() + h * n;
+        const float top = *std::max_element(sc, sc + n);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t p = 0; p < n; ++p) {
+          sc[p] = exp_approx(sc[p] - top);
+          sum += sc[p];
+        }
+        sums[h] = sum;
+      }
+      for (int64_t p = 0; p < n; ++p) {
+        const float* vp = vc + table[p / block_size] * v0 + (p % block_size) * v1;
+        for (int64_t h = 0; h < heads; ++h)
+          axpy(orow + h * head_dim, scores[h * n + p], vp + (h / group) * head_dim, head_dim);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        const float inv = 1.f / sums[h];
+        float* oh = orow + h * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) oh[i] *= inv;
+      }
+    }
+  };
+  if (work < kSerialWork || rows == 1) {
+    attend(0, rows);
+  } else {
+    at::parallel_for(0, rows, 1, attend);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pagedserve_cpu, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor(a!) h, Tensor delta, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def(
+      "rows_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+      "Tensor(b!) v_cache, Tensor slots, Tensor tables, Tensor token_seqs, Tensor positions, "
+      "float scale, int heads, int kv_heads) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rows_attention", &rows_attention);
+}

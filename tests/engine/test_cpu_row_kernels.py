@@ -1,0 +1,95 @@
+"""The CPU row kernels in the engine: the steps they serve give transformers' greedy tokens and
+plain decoding's, with speculation, preemption and parallel samples; families they do not
+implement keep the reference layers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kernels import cpu_rows
+from services.engine.llm_engine import LLMEngine
+from services.executor.models.decoder import ROW_QUERY_LIMIT, DecoderForCausalLM
+from shared.config import SpeculativeConfig
+from shared.sampling import SamplingParams
+from tests.factories import engine_config, random_prompts
+from tests.support.reference_model import VOCAB
+from tests.support.speculation import run_checked
+
+pytestmark = pytest.mark.skipif(
+    cpu_rows.load_row_ops() is None, reason=f"not built: {cpu_rows.build_error()}"
+)
+
+REPETITIVE = [p * 3 for p in random_prompts([5, 11, 23], VOCAB, seed=4)]
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+
+
+def _kernels(config, setting: str):
+    return dataclasses.replace(
+        config, model=dataclasses.replace(config.model, cpu_row_kernels=setting)
+    )
+
+
+def _count_row_steps(monkeypatch) -> list[int]:
+    """How many forwards went through the row kernels (and with how many tokens)."""
+    calls: list[int] = []
+    original = DecoderForCausalLM._forward_rows
+
+    def counted(self, h, *args):
+        calls.append(h.shape[0])
+        return original(self, h, *args)
+
+    monkeypatch.setattr(DecoderForCausalLM, "_forward_rows", counted)
+    return calls
+
+
+def test_greedy_tokens_equal_transformers_through_the_row_kernels(
+    tiny_model_dir, prompts, hf_greedy, monkeypatch
+):
+    calls = _count_row_steps(monkeypatch)
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    assert engine.executor.model.row_ops is not None
+    greedy = SamplingParams(max_tokens=len(hf_greedy[0]), temperature=0.0, ignore_eos=True)
+    outputs = engine.generate(prompts, greedy)
+    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy
+    # Every decode step went through them; prompts longer than the limit did not.
+    assert len(calls) >= len(hf_greedy[0]) - 1
+    assert max(calls) <= len(prompts) * ROW_QUERY_LIMIT
+
+
+@pytest.mark.parametrize("preemption", ["swap", "recompute"])
+def test_speculation_and_preemption_give_the_reference_layers_tokens(
+    tiny_model_dir, preemption, monkeypatch
+):
+    """ngram verify steps (K + 1 rows per sequence) and n > 1 through the row kernels, in a
+    pool small enough to preempt, against the same engine on the reference layers."""
+    config = engine_config(
+        tiny_model_dir, block_size=4, num_device_blocks=40, preemption_mode=preemption
+    )
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000)
+    config = dataclasses.replace(config, speculative=spec)
+    sampling = dataclasses.replace(GREEDY, n=2, temperature=0.0)
+    reference, _ = run_checked(_kernels(config, "off"), REPETITIVE, sampling)
+    calls = _count_row_steps(monkeypatch)
+    rows, engine = run_checked(config, REPETITIVE, sampling)
+    assert rows == reference
+    assert engine.scheduler.speculation.num_accepted > 0
+    assert any(n > len(REPETITIVE) * 2 for n in calls)  # verify steps took the row kernels
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_off_keeps_the_reference_layers(tiny_model_dir):
+    engine = LLMEngine(_kernels(engine_config(tiny_model_dir), "off"))
+    assert engine.executor.model.row_ops is None
+
+
+def test_layers_the_kernels_do_not_implement_keep_the_reference(tiny_model_dir):
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    model = engine.executor.model
+    ops = cpu_rows.load_row_ops()
+    assert model.use_row_kernels(ops)
+    model.layers[-1].self_attn.use_window(8)  # a sliding window: not in the row kernels
+    assert not model.use_row_kernels(ops) and model.row_ops is None
+    model.layers[-1].self_attn.use_window(None)
+    assert not model.use_row_kernels(None)  # a failed build
