@@ -195,6 +195,12 @@ CASES = [
         ("unique.0.ms_per_step", "system-prompt.1.hit_rate"),
     ),
     Case(
+        "cpu_row_kernels",
+        lambda m, out: ["--model", str(m), "--quantization", "none", "--batch-sizes", "2",
+                        "--steps", "2", "--prompt-len", "4", "--warmup", "1", "--json", str(out)],
+        ("rows.0.kernels_over_reference", "rows.0.reference_ms"),
+    ),
+    Case(
         "compiled_decode_step",
         lambda m, out: ["--model", str(m), "--quantization", "none", "--batch-sizes", "2",
                         "--steps", "2", "--prompt-len", "4", "--rounds", "1", "--json", str(out)],
