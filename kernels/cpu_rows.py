@@ -26,16 +26,22 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu_rows.cpp"
 # -march=native: built for the CPU it runs on, so the name carries that CPU's flags (a build
-# cache shared by different CPUs never hands one the other's instructions). -ffp-contract=off:
-# products round before they are added, as torch's elementwise ops round them.
+# cache shared by different CPUs never hands one the other's instructions; _build_tag).
+# -ffp-contract=off: products round before they are added, as torch's elementwise ops round them.
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off"]
-OPS = ("rms_norm", "add_rms_norm", "silu_mul", "rows_attention")
+OPS = ("rms_norm", "add_rms_norm", "silu_mul", "rows_attention", "guard_rows", "unguard_rows")
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ops": the loaded ops or None once tried; "error": why not
 
 
-def _cpu_tag() -> str:
+def _build_tag() -> str:
+    """The CPU's flags and the source, hashed: a changed source builds into a new directory
+    instead of rewriting a library that running processes have loaded."""
+    return hashlib.sha1((_cpu_flags() + SOURCE.read_text()).encode()).hexdigest()[:12]
+
+
+def _cpu_flags() -> str:
     flags = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -44,7 +50,7 @@ def _cpu_tag() -> str:
                 break
     except OSError:
         pass
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+    return flags
 
 
 def load_row_ops() -> SimpleNamespace | None:
@@ -57,7 +63,7 @@ def load_row_ops() -> SimpleNamespace | None:
                 from torch.utils.cpp_extension import load
 
                 load(
-                    name=f"pagedserve_cpu_{_cpu_tag()}",
+                    name=f"pagedserve_cpu_{_build_tag()}",
                     sources=[str(SOURCE)],
                     extra_cflags=CFLAGS,
                     is_python_module=False,

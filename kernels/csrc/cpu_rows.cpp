@@ -1,4 +1,5 @@
-// A decoder layer's small ops for steps of a few rows per sequence, on the CPU.
+// A decoder layer's small ops for steps of a few rows per sequence, on the CPU (and the
+// activation side of int8's guarded fbgemm calls).
 //
 // At decode and verify sizes a CPU step spends more time dispatching the layer's small ops
 // (norms, rotary, the KV write, attention's gather and SDPA, the gate) than computing them: a
@@ -205,50 +206,120 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
   at::Tensor out = at::zeros({rows, heads * head_dim}, qkv.options());
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  // Consecutive rows of one sequence (a verify step's, a short chunk's) form a group that reads
+  // its context once: each position's K and V serve every row that sees it. A row's arithmetic
+  // is the same in any group (its scores, softmax and sums run over its own positions in
+  // order), so its result is the same bits alone or beside others.
+  std::vector<int64_t> starts{0};
+  for (int64_t r = 1; r < rows; ++r)
+    if (seq[r] != seq[r - 1]) starts.push_back(r);
+  starts.push_back(rows);
+  const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
   auto attend = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, sums(heads);
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = pos[r] + 1;
-      const int64_t* table = tab + seq[r] * tab_stride;
-      const float* qr = qp + r * heads * head_dim;
-      float* orow = op + r * heads * head_dim;
-      scores.resize(heads * n);
-      // Positions in memory order (a block's slots hold every KV head side by side), so the
-      // context streams through once for the scores and once for the values.
+    std::vector<float> scores, sums;
+    for (int64_t gi = begin; gi < end; ++gi) {
+      const int64_t r0 = starts[gi], r1 = starts[gi + 1];
+      const int64_t* table = tab + seq[r0] * tab_stride;
+      int64_t n = 0;  // the group's longest context
+      for (int64_t r = r0; r < r1; ++r) n = std::max(n, pos[r] + 1);
+      scores.resize((r1 - r0) * heads * n);
+      sums.resize((r1 - r0) * heads);
+      // Row r, head h: scores[((r - r0) * heads + h) * n + p]. Positions in memory order (a
+      // block's slots hold every KV head side by side): the context streams through once for
+      // the scores and once for the values.
       for (int64_t p = 0; p < n; ++p) {
         const float* kp = kc + table[p / block_size] * k0 + (p % block_size) * k1;
-        for (int64_t h = 0; h < heads; ++h)
-          scores[h * n + p] = dot(qr + h * head_dim, kp + (h / group) * head_dim, head_dim) * fscale;
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* sc = scores.data() + h * n;
-        const float top = *std::max_element(sc, sc + n);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t p = 0; p < n; ++p) {
-          sc[p] = exp_approx(sc[p] - top);
-          sum += sc[p];
+        for (int64_t r = r0; r < r1; ++r) {
+          if (p > pos[r]) continue;
+          const float* qr = qp + r * heads * head_dim;
+          float* sr = scores.data() + (r - r0) * heads * n;
+          for (int64_t h = 0; h < heads; ++h)
+            sr[h * n + p] = dot(qr + h * head_dim, kp + (h / group) * head_dim, head_dim) * fscale;
         }
-        sums[h] = sum;
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t len = pos[r] + 1;
+        for (int64_t h = 0; h < heads; ++h) {
+          float* sc = scores.data() + ((r - r0) * heads + h) * n;
+          const float top = *std::max_element(sc, sc + len);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t p = 0; p < len; ++p) {
+            sc[p] = exp_approx(sc[p] - top);
+            sum += sc[p];
+          }
+          sums[(r - r0) * heads + h] = sum;
+        }
       }
       for (int64_t p = 0; p < n; ++p) {
         const float* vp = vc + table[p / block_size] * v0 + (p % block_size) * v1;
-        for (int64_t h = 0; h < heads; ++h)
-          axpy(orow + h * head_dim, scores[h * n + p], vp + (h / group) * head_dim, head_dim);
+        for (int64_t r = r0; r < r1; ++r) {
+          if (p > pos[r]) continue;
+          const float* sr = scores.data() + (r - r0) * heads * n;
+          float* orow = op + r * heads * head_dim;
+          for (int64_t h = 0; h < heads; ++h)
+            axpy(orow + h * head_dim, sr[h * n + p], vp + (h / group) * head_dim, head_dim);
+        }
       }
-      for (int64_t h = 0; h < heads; ++h) {
-        const float inv = 1.f / sums[h];
-        float* oh = orow + h * head_dim;
-        for (int64_t i = 0; i < head_dim; ++i) oh[i] *= inv;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const float inv = 1.f / sums[(r - r0) * heads + h];
+          float* oh = op + (r * heads + h) * head_dim;
+          for (int64_t i = 0; i < head_dim; ++i) oh[i] *= inv;
+        }
       }
     }
   };
-  if (work < kSerialWork || rows == 1) {
-    attend(0, rows);
+  if (work < kSerialWork || groups == 1) {
+    attend(0, groups);
   } else {
-    at::parallel_for(0, rows, 1, attend);
+    at::parallel_for(0, groups, 1, attend);
   }
   return out;
+}
+
+// fbgemm_rows' activation side (services/executor/quantized.py) in one call each way: each row
+// divided by its max |x| (at least 1e-12) into the first rows of the guarded buffer, which
+// holds the guard row last; returns the maxima [rows, 1]. The same IEEE divisions as torch's.
+at::Tensor guard_rows(const at::Tensor& x, at::Tensor buffer) {
+  check_rows(x, "x");
+  check_rows(buffer, "buffer");
+  const int64_t rows = x.size(0), width = x.size(1);
+  TORCH_CHECK(buffer.size(0) == rows + 1 && buffer.size(1) == width, "buffer must be [rows + 1, in]");
+  at::Tensor maxima = at::empty({rows, 1}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* bp = buffer.data_ptr<float>();
+  float* mp = maxima.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * width;
+    float top = 0.f;
+    for (int64_t i = 0; i < width; ++i) top = std::max(top, std::fabs(xr[i]));
+    top = std::max(top, 1e-12f);
+    mp[r] = top;
+    float* br = bp + r * width;
+#pragma omp simd
+    for (int64_t i = 0; i < width; ++i) br[i] = xr[i] / top;
+  }
+  return maxima;
+}
+
+// out [rows + 1, n] (the guarded call's result) -> its first rows times each row's maximum, in
+// place; returns that view [rows, n].
+at::Tensor unguard_rows(at::Tensor out, const at::Tensor& maxima) {
+  check_rows(out, "out");
+  const int64_t rows = out.size(0) - 1, n = out.size(1);
+  TORCH_CHECK(maxima.scalar_type() == at::kFloat && maxima.numel() == rows &&
+                  maxima.is_contiguous(),
+              "maxima must be [rows, 1] fp32");
+  float* op = out.data_ptr<float>();
+  const float* mp = maxima.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* orow = op + r * n;
+    const float m = mp[r];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) orow[i] = orow[i] * m;
+  }
+  return out.narrow(0, 0, rows);
 }
 
 }  // namespace
@@ -261,6 +332,8 @@ TORCH_LIBRARY(pagedserve_cpu, m) {
       "rows_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
       "Tensor(b!) v_cache, Tensor slots, Tensor tables, Tensor token_seqs, Tensor positions, "
       "float scale, int heads, int kv_heads) -> Tensor");
+  m.def("guard_rows(Tensor x, Tensor(a!) buffer) -> Tensor");
+  m.def("unguard_rows(Tensor(a!) out, Tensor maxima) -> Tensor(a)");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) {
@@ -268,4 +341,6 @@ TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rows_attention", &rows_attention);
+  m.impl("guard_rows", &guard_rows);
+  m.impl("unguard_rows", &unguard_rows);
 }

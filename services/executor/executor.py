@@ -42,6 +42,7 @@ from services.executor.quantize_model import (
     quantize_model,
     resolve_quantization,
 )
+from services.executor.quantized import Int8Linear
 from services.executor.rank_group import RankGroup
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates, start_copy
@@ -241,8 +242,13 @@ class Executor:
             return
         row_ops = load_row_ops()
         for model in models:
-            if model is not None and model.use_row_kernels(row_ops):
+            if model is None:
+                continue
+            if model.use_row_kernels(row_ops):
                 log.info("CPU row kernels serve %s's decode and verify steps", type(model).__name__)
+            for module in model.modules():  # their guarded fbgemm calls (quantized.fbgemm_rows)
+                if isinstance(module, Int8Linear):
+                    module.row_ops = row_ops
 
     def _context_mirrors(self, budget_bytes: int) -> ContextMirrors | None:
         """Mirrors of deep prompt chunks' context, where they apply: the reference attention

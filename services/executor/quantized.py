@@ -69,12 +69,20 @@ def exact_decode_kernel() -> bool:
 # max |x| takes the levels 1 .. 255, the int8 path's -127 .. 127 shifted. Bounded: rows <=
 # FBGEMM_MAX_ROWS, and a model has a few distinct input widths. Per thread: a buffer is written
 # in place for each call.
+# fbgemm's dynamic linear without OpOverloadPacket.__call__'s per-call scan of its arguments for
+# torch.compile's fake script objects (a few microseconds each, 121 calls a step, never
+# compiled here): the packet's own dispatcher entry, the same op.
+linear_dynamic = getattr(
+    torch.ops.quantized.linear_dynamic, "_op", torch.ops.quantized.linear_dynamic
+)
+
 _GUARDED = threading.local()
 
 
 def fbgemm_rows(
     x: torch.Tensor,  # [rows, in] fp32
     packed,  # pack_for_fbgemm's weights, without bias
+    row_ops=None,  # kernels/cpu_rows.py's ops: the same arithmetic in two calls instead of six
 ) -> torch.Tensor:  # [rows, out] fp32
     """fbgemm's dynamic int8 linear with every row quantized on its own levels: each divided by
     its max |x|, plus the guard row, so the call's one range is the same whatever the rows (a
@@ -89,9 +97,13 @@ def fbgemm_rows(
             buffer = torch.zeros(rows + 1, width)
             buffer[rows, :2] = torch.tensor([-128 / 127, 1.0])
         buffers[(rows, width)] = buffer
+    if row_ops is not None and x.is_contiguous():
+        row_max = row_ops.guard_rows(x, buffer)  # [rows, 1]
+        out = linear_dynamic(buffer, packed, False)  # [rows + 1, out]
+        return row_ops.unguard_rows(out, row_max)
     row_max = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # [rows, 1]
     torch.div(x, row_max, out=buffer[:rows])
-    out = torch.ops.quantized.linear_dynamic(buffer, packed, False)  # [rows + 1, out]
+    out = linear_dynamic(buffer, packed, False)  # [rows + 1, out]
     return out[:rows].mul_(row_max)
 
 
@@ -138,6 +150,7 @@ class Int8Linear(nn.Module):
         # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object),
         # without the bias, which forward() adds once fbgemm_rows has scaled its rows back.
         self.few_rows = None
+        self.row_ops = None  # the CPU row kernels' ops, set by the executor where it uses them
         if decode_kernel and exact_decode_kernel():
             self.few_rows = pack_for_fbgemm(qweight, scales, None)
 
@@ -155,9 +168,9 @@ class Int8Linear(nn.Module):
             x = x.float()
         if self.few_rows is not None and 0 < x.shape[0] <= FBGEMM_MAX_ROWS:
             if x.shape[0] == 1:
-                out = torch.ops.quantized.linear_dynamic(x, self.few_rows, False)
+                out = linear_dynamic(x, self.few_rows, False)
             else:
-                out = fbgemm_rows(x, self.few_rows)
+                out = fbgemm_rows(x, self.few_rows, self.row_ops)
             return out if self.bias is None else out.add_(self.bias)
         # One scale per row, so a token's result does not depend on the rest of the batch (a
         # per-tensor scale, as fbgemm's dynamic linear uses, would let one outlier token coarsen
