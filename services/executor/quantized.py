@@ -64,11 +64,6 @@ def exact_decode_kernel() -> bool:
     )
 
 
-# Per (rows, in_features): [rows + 1, in] fp32, the last row the guard (-128/127, 1, 0, ...):
-# fbgemm's range [-128/127, 1] gives scale 1/127 and zero point 128, so a row divided by its
-# max |x| takes the levels 1 .. 255, the int8 path's -127 .. 127 shifted. Bounded: rows <=
-# FBGEMM_MAX_ROWS, and a model has a few distinct input widths. Per thread: a buffer is written
-# in place for each call.
 # fbgemm's dynamic linear without OpOverloadPacket.__call__'s per-call scan of its arguments for
 # torch.compile's fake script objects (a few microseconds each, 121 calls a step, never
 # compiled here): the packet's own dispatcher entry, the same op.
@@ -76,6 +71,11 @@ linear_dynamic = getattr(
     torch.ops.quantized.linear_dynamic, "_op", torch.ops.quantized.linear_dynamic
 )
 
+# Per (rows, in_features): [rows + 1, in] fp32, the last row the guard (-128/127, 1, 0, ...):
+# fbgemm's range [-128/127, 1] gives scale 1/127 and zero point 128, so a row divided by its
+# max |x| takes the levels 1 .. 255, the int8 path's -127 .. 127 shifted. Bounded: rows <=
+# FBGEMM_MAX_ROWS, and a model has a few distinct input widths. Per thread: a buffer is written
+# in place for each call.
 _GUARDED = threading.local()
 
 
