@@ -4,7 +4,7 @@ At decode and verify sizes a CPU step spends more time dispatching each layer's 
 running them, and attention's gather of whole blocks and its SDPA call are the largest share
 (`benchmarks/cpu_row_kernels.py`). The C++ ops do a layer's norms, rotary, KV write, attention
 and gate in four calls, each query row on its own. They are compiled with the machine's compiler
-for its own instruction set the first time a process asks (about ten seconds; torch keeps the
+for its own instruction set the first time a process asks (seconds; torch keeps the
 build under TORCH_EXTENSIONS_DIR, so later processes load it at once); where that fails the
 reference ops stay in use: the kernels are a speed-up, never a requirement.
 

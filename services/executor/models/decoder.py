@@ -142,8 +142,8 @@ class DecoderForCausalLM(nn.Module):
         rows = positions
         if self.spec.rope_switch_len is not None:
             rows = self._longrope_rows(positions, meta)
-        cos = self.cos[rows].to(h.dtype).unsqueeze(1)  # [num_tokens, 1, table width]
-        sin = self.sin[rows].to(h.dtype).unsqueeze(1)
+        cos = self.cos[rows].to(h.dtype)  # [num_tokens, table width]
+        sin = self.sin[rows].to(h.dtype)
         if (
             self.row_ops is not None
             and (first, end) == (0, len(self.layers))
@@ -152,8 +152,8 @@ class DecoderForCausalLM(nn.Module):
             and meta.reference is not None
             and not meta.reference.mirrored
         ):
-            return self._forward_rows(h, cos.squeeze(1), sin.squeeze(1), kv_cache, meta)
-        rotary = self.layer_rotary(cos, sin)
+            return self._forward_rows(h, cos, sin, kv_cache, meta)
+        rotary = self.layer_rotary(cos.unsqueeze(1), sin.unsqueeze(1))
         for i in range(first, end):
             h = self.layers[i](h, *rotary[i], kv_cache[i], meta)
         return h
