@@ -24,21 +24,34 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "cpu_rows.cpp"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_rows.cpp", "int8_rows.cpp")]
 # -march=native: built for the CPU it runs on, so the name carries that CPU's flags (a build
 # cache shared by different CPUs never hands one the other's instructions; _build_tag).
 # -ffp-contract=off: products round before they are added, as torch's elementwise ops round them.
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off"]
-OPS = ("rms_norm", "add_rms_norm", "silu_mul", "rows_attention", "guard_rows", "unguard_rows")
+# -fopenmp: at::parallel_for spreads work over torch's threads only in a translation unit built
+# with OpenMP (ATen/ParallelOpenMP.h); without it every call ran on one thread. The library links
+# libgomp.so.1 by name, and the process has torch's own loaded already, so both share one pool.
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
+LDFLAGS = ["-fopenmp"]
+OPS = (
+    "rms_norm",
+    "add_rms_norm",
+    "silu_mul",
+    "rows_attention",
+    "guard_rows",
+    "unguard_rows",
+    "int8_rows_linear",
+)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ops": the loaded ops or None once tried; "error": why not
 
 
 def _build_tag() -> str:
-    """The CPU's flags and the source, hashed: a changed source builds into a new directory
-    instead of rewriting a library that running processes have loaded."""
-    return hashlib.sha1((_cpu_flags() + SOURCE.read_text()).encode()).hexdigest()[:12]
+    """The CPU's flags, the build's and the sources, hashed: a changed source builds into a new
+    directory instead of rewriting a library that running processes have loaded."""
+    text = _cpu_flags() + " ".join(CFLAGS + LDFLAGS) + "".join(s.read_text() for s in SOURCES)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _cpu_flags() -> str:
@@ -64,8 +77,9 @@ def load_row_ops() -> SimpleNamespace | None:
 
                 load(
                     name=f"pagedserve_cpu_{_build_tag()}",
-                    sources=[str(SOURCE)],
+                    sources=[str(source) for source in SOURCES],
                     extra_cflags=CFLAGS,
+                    extra_ldflags=LDFLAGS,
                     is_python_module=False,
                     verbose=False,
                 )

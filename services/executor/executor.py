@@ -246,9 +246,9 @@ class Executor:
                 continue
             if model.use_row_kernels(row_ops):
                 log.info("CPU row kernels serve %s's decode and verify steps", type(model).__name__)
-            for module in model.modules():  # their guarded fbgemm calls (quantized.fbgemm_rows)
+            for module in model.modules():  # their int8 linear of few rows, fbgemm's guards
                 if isinstance(module, Int8Linear):
-                    module.row_ops = row_ops
+                    module.use_row_ops(row_ops)
 
     def _context_mirrors(self, budget_bytes: int) -> ContextMirrors | None:
         """Mirrors of deep prompt chunks' context, where they apply: the reference attention

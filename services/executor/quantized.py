@@ -24,6 +24,11 @@ int8 weights it streams them about twice as fast as `_int_mm` with its activatio
   after (`fbgemm_rows`).
 Beyond FBGEMM_MAX_ROWS rows `_int_mm` is faster (docs/benchmarks.md, "Verify rows through
 fbgemm too").
+
+Where the CPU row kernels are built (kernels/cpu_rows.py), calls of up to INT8_ROWS_MAX_ROWS rows
+take their own int8 linear instead (kernels/csrc/int8_rows.cpp): each row on its own asymmetric
+256 levels, as fbgemm's one-row call, for every row of the call, so a verify step's rows give the
+bits a one-row decode step gives; and each weight tile read once for all the rows.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ INT4_MID = 8
 # Calls of up to this many rows take fbgemm where it sums exactly; larger ones _int_mm, which
 # is faster there (benchmarks/decode_weight_streaming.py).
 FBGEMM_MAX_ROWS = 32
+# Calls of up to this many rows take the row kernels' int8 linear where it is loaded: faster
+# than fbgemm's up to FBGEMM_MAX_ROWS, where _int_mm takes over anyway (benchmarks/
+# int8_rows_linear.py).
+INT8_ROWS_MAX_ROWS = FBGEMM_MAX_ROWS
 
 
 @functools.cache
@@ -116,6 +125,20 @@ def quantize_rows(
     return (x / scales).round_().to(torch.int8), scales
 
 
+def pack_int8_rows(
+    qweight: torch.Tensor,  # [out, in] int8 levels
+) -> tuple[torch.Tensor, torch.Tensor]:  # [out/16, in/4, 16, 4] int8, [out/16*16] int32
+    """The row kernels' layout (kernels/csrc/int8_rows.cpp): outputs in tiles of 16, inputs in
+    groups of 4, both padded with zero weights; and each padded output's sum of levels (its
+    correction for the activations' zero point)."""
+    out_features, in_features = qweight.shape
+    out_padded, in_padded = -(-out_features // 16) * 16, -(-in_features // 4) * 4
+    padded = torch.zeros(out_padded, in_padded, dtype=torch.int8)
+    padded[:out_features, :in_features] = qweight
+    tiles = padded.view(out_padded // 16, 16, in_padded // 4, 4).permute(0, 2, 1, 3)
+    return tiles.contiguous(), padded.sum(dim=1, dtype=torch.int32)
+
+
 def pack_for_fbgemm(
     qweight: torch.Tensor,  # [out, in] int8 levels (any dtype holding them)
     scales: torch.Tensor,  # [out] per output channel
@@ -150,14 +173,31 @@ class Int8Linear(nn.Module):
         # A second copy of the int8 weights in fbgemm's layout (not a buffer: a packed object),
         # without the bias, which forward() adds once fbgemm_rows has scaled its rows back.
         self.few_rows = None
-        self.row_ops = None  # the CPU row kernels' ops, set by the executor where it uses them
+        self.row_ops = None  # the CPU row kernels' ops, set by use_row_ops
+        # The row kernels' copy of the weights (pack_int8_rows), made by use_row_ops.
+        self.rows_packed: torch.Tensor | None = None
+        self.rows_colsum: torch.Tensor | None = None
+        self.decode_kernel = decode_kernel
         if decode_kernel and exact_decode_kernel():
             self.few_rows = pack_for_fbgemm(qweight, scales, None)
 
+    def use_row_ops(self, row_ops) -> None:
+        """The CPU row kernels' ops (kernels/cpu_rows.py) for this layer's calls of few rows:
+        their int8 linear where the layer takes a decode kernel at all (not with
+        `--int8-decode-kernel int_mm`), and their guard ops for fbgemm_rows."""
+        self.row_ops = row_ops
+        if row_ops is not None and self.decode_kernel and hasattr(row_ops, "int8_rows_linear"):
+            if self.rows_packed is None:
+                self.rows_packed, self.rows_colsum = pack_int8_rows(self.qweight_t.t())
+        else:
+            self.rows_packed = self.rows_colsum = None
+
     @property
     def packed_bytes(self) -> int:
-        """The packed copy's int8 weights (fbgemm's per-column offsets left out); 0 without."""
-        return self.in_features * self.out_features if self.few_rows is not None else 0
+        """The packed copies' int8 weights (fbgemm's per-column offsets left out); 0 without."""
+        fbgemm = self.in_features * self.out_features if self.few_rows is not None else 0
+        rows = 0 if self.rows_packed is None else self.rows_packed.numel()
+        return fbgemm + rows
 
     @property
     def nbytes(self) -> int:
@@ -166,6 +206,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
         if x.dtype != torch.float32:  # (a dispatch saved per call where it is already)
             x = x.float()
+        if self.rows_packed is not None and 0 < x.shape[0] <= INT8_ROWS_MAX_ROWS:
+            out = self.row_ops.int8_rows_linear(
+                x.contiguous(), self.rows_packed, self.rows_colsum, self.scales
+            )
+            return out if self.bias is None else out.add_(self.bias)
         if self.few_rows is not None and 0 < x.shape[0] <= FBGEMM_MAX_ROWS:
             if x.shape[0] == 1:
                 out = linear_dynamic(x, self.few_rows, False)

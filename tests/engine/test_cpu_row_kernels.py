@@ -11,6 +11,7 @@ import pytest
 from kernels import cpu_rows
 from services.engine.llm_engine import LLMEngine
 from services.executor.models.decoder import ROW_QUERY_LIMIT, DecoderForCausalLM
+from services.executor.quantized import Int8Linear
 from shared.config import SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
@@ -77,6 +78,24 @@ def test_speculation_and_preemption_give_the_reference_layers_tokens(
     assert engine.scheduler.speculation.num_accepted > 0
     assert any(n > len(REPETITIVE) * 2 for n in calls)  # verify steps took the row kernels
     assert engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 5])
+def test_int8_speculation_keeps_plain_decodings_tokens(tiny_model_dir, num_tokens):
+    """With int8 weights too: each row of a verify step is quantized on its own levels by the
+    row kernels' int8 linear, so a verified token's logits are the bits its plain decode step
+    gives, and greedy speculation changes no token."""
+    config = engine_config(tiny_model_dir)
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, quantization="int8")
+    )
+    spec = SpeculativeConfig(method="ngram", num_tokens=num_tokens, max_batch=1000)
+    plain, engine = run_checked(config, REPETITIVE, GREEDY)
+    layers = [m for m in engine.executor.model.modules() if isinstance(m, Int8Linear)]
+    assert layers and all(m.rows_packed is not None for m in layers)
+    speculating, engine = run_checked(dataclasses.replace(config, speculative=spec), REPETITIVE, GREEDY)
+    assert speculating == plain
+    assert engine.scheduler.speculation.num_accepted > 0
 
 
 def test_off_keeps_the_reference_layers(tiny_model_dir):

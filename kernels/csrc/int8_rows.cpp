@@ -1,0 +1,239 @@
+// int8 linear layers for calls of a few rows (decode and verify steps), on the CPU.
+//
+// A decode step of a small model on a CPU is the time it takes to stream its int8 weights once.
+// fbgemm's dynamic linear streams them well for one row, but a call of several rows (a verify
+// step's K + 1) costs a third more for four rows and twice as much for sixteen, and it takes one
+// activation range for the whole call, so a row's result depends on the rows beside it. Here
+// each weight tile is read from memory once per call and used for every row while it is in the
+// cache, and each row is quantized on its own range: a row's result is the same bits alone or
+// beside others (services/executor/quantized.py, `Int8Linear`).
+//
+// Arithmetic, exact up to the last two roundings: each row x is quantized asymmetrically on 256
+// levels, q = clamp(rint(x / s) + z, 0, 255) with s = (max(x, 0) - min(x, 0)) / 255 and
+// z = rint(-min(x, 0) / s); the int8 weights w (levels -127..127, one scale per output)
+// give acc = sum_k (q_k - z) w_k exactly in int32 (|acc| < 2^31 for in_features < 66,000);
+// out = float(acc) * s * w_scale.
+//
+// Weight layout ("packed", made by services/executor/quantized.py `pack_int8_rows`): the output
+// channels in tiles of 16, the input in groups of 4: [out / 16, in / 4, 16, 4] int8, both padded
+// with zero weights. A tile's 16 x 4 bytes are one 64-byte line: the VNNI instruction multiplies
+// it by a row's 4 broadcast activations into the tile's 16 int32 sums.
+//
+// Paths: AVX-512 VNNI (u8 x s8 products summed in int32 by the instruction), AVX2 (the
+// activations shifted to s8 so that |q - 128| <= 128 and a pair of products fits int16 without
+// saturation: 2 * 128 * 127 < 2^15), and plain C++ elsewhere. All three compute the same
+// integers, so the same float results.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512VNNI__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t TILE = 16;  // output channels per tile
+constexpr int64_t GROUP = 4;  // input values per int32 lane
+constexpr int MAX_ROWS = 4;   // rows sharing one pass over a tile group (accumulators in registers)
+constexpr int MAX_TILES = 4;  // tiles per pass: 64 outputs
+
+struct QuantizedRows {
+  std::vector<uint8_t> q;       // [rows, in_padded]
+  std::vector<int32_t> zero;    // [rows]
+  std::vector<float> scale;     // [rows]
+};
+
+QuantizedRows quantize(const float* x, int64_t rows, int64_t in, int64_t in_padded) {
+  QuantizedRows out{std::vector<uint8_t>(rows * in_padded, 0), std::vector<int32_t>(rows),
+                    std::vector<float>(rows)};
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * in;
+    float lo = 0.f, hi = 0.f;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+    for (int64_t i = 0; i < in; ++i) {
+      lo = std::min(lo, xr[i]);
+      hi = std::max(hi, xr[i]);
+    }
+    float s = (hi - lo) / 255.f;
+    if (!(s > 0.f) || !std::isfinite(s)) s = 1.f;  // an all-zero row (or a broken one)
+    const float z = std::rint(-lo / s);
+    out.scale[r] = s;
+    out.zero[r] = static_cast<int32_t>(z);
+    const float inverse = 1.f / s;
+    uint8_t* qr = out.q.data() + r * in_padded;
+    // rint: to nearest, ties to even (the default rounding mode), as torch.round; inlined as
+    // one vector instruction where nearbyint would be a library call per element.
+#pragma omp simd
+    for (int64_t i = 0; i < in; ++i) {
+      const float level = std::rint(xr[i] * inverse) + z;
+      qr[i] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, level)));
+    }
+  }
+  return out;
+}
+
+// acc[r][t * 16 + j] += sum over the input of (q - bias) * w for rows [0, R) and tiles [0, T)
+// of one group; `q` rows hold in_padded bytes. bias is 0 on VNNI, 128 on AVX2, and the caller
+// adds (bias - z) * colsum. Reads each tile's weights once.
+template <int R, int T>
+void tile_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int64_t tile_bytes,
+               int32_t* acc /* [R, T * 16] */) {
+  const int64_t groups = in_padded / GROUP;
+#if defined(__AVX512VNNI__)
+  __m512i sums[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) sums[r][t] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i tiles[T];
+    for (int t = 0; t < T; ++t)
+      tiles[t] = _mm512_loadu_si512(w + t * tile_bytes + g * TILE * GROUP);
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, q + r * in_padded + g * GROUP, 4);
+      const __m512i a = _mm512_set1_epi32(four);
+      for (int t = 0; t < T; ++t) sums[r][t] = _mm512_dpbusd_epi32(sums[r][t], a, tiles[t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      _mm512_storeu_si512(acc + r * T * TILE + t * TILE, sums[r][t]);
+#elif defined(__AVX2__)
+  // Two ymm halves per tile (8 outputs x 4 inputs each).
+  __m256i sums[R][T][2];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) sums[r][t][0] = sums[r][t][1] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i tiles[T][2];
+    for (int t = 0; t < T; ++t) {
+      const int8_t* p = w + t * tile_bytes + g * TILE * GROUP;
+      tiles[t][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      tiles[t][1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+    }
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, q + r * in_padded + g * GROUP, 4);
+      // q - 128 as s8; its magnitude as u8 and its sign moved onto the weights.
+      const __m256i a = _mm256_xor_si256(_mm256_set1_epi32(four), shift);
+      const __m256i magnitude = _mm256_sign_epi8(a, a);
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < 2; ++h) {
+          const __m256i signed_w = _mm256_sign_epi8(tiles[t][h], a);
+          const __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_w);
+          sums[r][t][h] = _mm256_add_epi32(sums[r][t][h], _mm256_madd_epi16(pairs, ones));
+        }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * T * TILE + t * TILE + h * 8),
+                            sums[r][t][h]);
+#else
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      for (int64_t j = 0; j < TILE; ++j) {
+        int32_t sum = 0;
+        for (int64_t g = 0; g < groups; ++g)
+          for (int64_t i = 0; i < GROUP; ++i)
+            sum += static_cast<int32_t>(q[r * in_padded + g * GROUP + i]) *
+                   w[t * tile_bytes + g * TILE * GROUP + j * GROUP + i];
+        acc[r * T * TILE + t * TILE + j] = sum;
+      }
+#endif
+}
+
+#if defined(__AVX512VNNI__) || !defined(__AVX2__)
+constexpr int32_t BIAS = 0;
+#else
+constexpr int32_t BIAS = 128;
+#endif
+
+using Pass = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*);
+
+template <int R, int T>
+constexpr Pass pass_for() {
+  return &tile_pass<R, T>;
+}
+
+// PASSES[R - 1][T - 1]
+constexpr Pass PASSES[MAX_ROWS][MAX_TILES] = {
+    {pass_for<1, 1>(), pass_for<1, 2>(), pass_for<1, 3>(), pass_for<1, 4>()},
+    {pass_for<2, 1>(), pass_for<2, 2>(), pass_for<2, 3>(), pass_for<2, 4>()},
+    {pass_for<3, 1>(), pass_for<3, 2>(), pass_for<3, 3>(), pass_for<3, 4>()},
+    {pass_for<4, 1>(), pass_for<4, 2>(), pass_for<4, 3>(), pass_for<4, 4>()},
+};
+
+at::Tensor int8_rows_linear(const at::Tensor& x, const at::Tensor& packed,
+                            const at::Tensor& colsum, const at::Tensor& weight_scales) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be [rows, in] contiguous fp32");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
+                  packed.size(2) == TILE && packed.size(3) == GROUP,
+              "packed must be [out / 16, in / 4, 16, 4] int8");
+  const int64_t rows = x.size(0), in = x.size(1);
+  const int64_t tiles = packed.size(0), in_padded = packed.size(1) * GROUP;
+  const int64_t out_features = weight_scales.numel();
+  TORCH_CHECK(in <= in_padded && in_padded < in + GROUP, "x's width does not match the weights");
+  TORCH_CHECK(out_features <= tiles * TILE && out_features > (tiles - 1) * TILE,
+              "weight_scales does not match the weights");
+  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.numel() == tiles * TILE &&
+                  colsum.is_contiguous(),
+              "colsum must be [out padded to 16] int32");
+  TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.is_contiguous(),
+              "weight_scales must be fp32");
+  at::Tensor out = at::empty({rows, out_features}, x.options());
+  if (rows == 0 || out_features == 0) return out;
+
+  const QuantizedRows qx = quantize(x.data_ptr<float>(), rows, in, in_padded);
+  const int8_t* w = packed.data_ptr<int8_t>();
+  const int32_t* cs = colsum.data_ptr<int32_t>();
+  const float* ws = weight_scales.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t tile_bytes = in_padded * TILE;
+  const int64_t passes = (tiles + MAX_TILES - 1) / MAX_TILES;
+
+  // Threads take contiguous runs of tile groups: each streams its own part of the weights.
+  at::parallel_for(0, passes, 1, [&](int64_t begin, int64_t end) {
+    int32_t acc[MAX_ROWS * MAX_TILES * TILE];
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t first = p * MAX_TILES;
+      const int t_count = static_cast<int>(std::min<int64_t>(MAX_TILES, tiles - first));
+      for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+        const int r_count = static_cast<int>(std::min<int64_t>(MAX_ROWS, rows - r0));
+        PASSES[r_count - 1][t_count - 1](qx.q.data() + r0 * in_padded, in_padded,
+                                         w + first * tile_bytes, tile_bytes, acc);
+        for (int r = 0; r < r_count; ++r) {
+          const int32_t shift = BIAS - qx.zero[r0 + r];
+          const float s = qx.scale[r0 + r];
+          float* orow = op + (r0 + r) * out_features;
+          for (int64_t j = 0; j < t_count * TILE; ++j) {
+            const int64_t o = first * TILE + j;
+            if (o >= out_features) break;
+            const int32_t sum = acc[r * t_count * TILE + j] + shift * cs[o];
+            orow[o] = static_cast<float>(sum) * (s * ws[o]);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pagedserve_cpu, m) {
+  m.def("int8_rows_linear(Tensor x, Tensor packed, Tensor colsum, Tensor weight_scales) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) { m.impl("int8_rows_linear", &int8_rows_linear); }

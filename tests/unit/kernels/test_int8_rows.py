@@ -1,0 +1,95 @@
+"""The row kernels' int8 linear (kernels/csrc/int8_rows.cpp): its integer arithmetic exactly, on
+every instruction-set path, each row independent of the others, and where Int8Linear uses it."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import cpu_rows
+from services.executor.quantized import INT8_ROWS_MAX_ROWS, Int8Linear
+from tests.support.int8_rows_reference import check_op
+
+OPS = cpu_rows.load_row_ops()
+needs_ops = pytest.mark.skipif(OPS is None, reason=f"not built: {cpu_rows.build_error()}")
+SOURCE = Path(cpu_rows.__file__).parent / "csrc" / "int8_rows.cpp"
+
+
+@needs_ops
+def test_the_built_path_is_the_integer_reference_and_row_independent():
+    check_op(OPS.int8_rows_linear)
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        return any(
+            flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        )  # fmt: skip
+    except OSError:
+        return False
+
+
+# Each path the source compiles to on this CPU family: the build above takes the best one the
+# machine has; these build the others in a fresh process (one library per process: each
+# defines the same op).
+PATHS = {
+    "avx2": ["-O3", "-march=haswell", "-mno-avx512f", "-ffp-contract=off"],
+    "portable": ["-O3", "-march=x86-64", "-ffp-contract=off"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_instruction_set_path_computes_the_same_integers(path, tmp_path):
+    if platform.machine() not in ("x86_64", "AMD64") or shutil.which("c++") is None:
+        pytest.skip("the paths are x86's; needs a C++ compiler")
+    if path == "avx2" and not _cpu_has("avx2"):
+        pytest.skip("this CPU has no AVX2")
+    script = f"""
+import torch
+from torch.utils.cpp_extension import load
+load(name="int8_rows_{path}", sources=[{str(SOURCE)!r}], extra_cflags={PATHS[path]!r},
+     is_python_module=False, build_directory={str(tmp_path)!r})
+from tests.support.int8_rows_reference import check_op
+check_op(torch.ops.pagedserve_cpu.int8_rows_linear)
+print("checked")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]
+
+
+@needs_ops
+def test_int8_linear_takes_it_for_few_rows_only():
+    gen = torch.Generator().manual_seed(0)
+    layer = Int8Linear(torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen))
+    plain = Int8Linear(layer.qweight_t.t().float() * layer.scales[:, None], layer.bias)
+    layer.use_row_ops(OPS)
+    assert layer.rows_packed is not None
+    for rows in (1, INT8_ROWS_MAX_ROWS):
+        x = torch.randn(rows, 24, generator=gen)
+        direct = OPS.int8_rows_linear(x, layer.rows_packed, layer.rows_colsum, layer.scales)
+        assert torch.equal(layer(x), direct + layer.bias)
+    # A decode step's one row and the same row among a verify step's: the same bits (fbgemm's
+    # one-row and guarded several-row calls quantize them differently).
+    x = torch.randn(4, 24, generator=gen)
+    assert torch.equal(layer(x[:1]), layer(x)[:1])
+    x = torch.randn(INT8_ROWS_MAX_ROWS + 1, 24, generator=gen)
+    assert torch.equal(layer(x), plain(x))  # beyond: the layer's other kernels, unchanged
+    layer.use_row_ops(None)
+    assert layer.rows_packed is None
+
+
+@needs_ops
+def test_no_decode_kernel_means_none_of_it():
+    """--int8-decode-kernel int_mm keeps every call on _int_mm, the row kernels' too."""
+    layer = Int8Linear(torch.randn(16, 8), None, decode_kernel=False)
+    layer.use_row_ops(OPS)
+    assert layer.rows_packed is None
