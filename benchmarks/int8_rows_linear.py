@@ -36,8 +36,10 @@ def measure(args, batch: int) -> dict:
     )
     layers = [m for m in engine.executor.model.modules() if isinstance(m, Int8Linear)]
     packed = {m: m.rows_packed for m in layers}
-    if not layers or any(p is None for p in packed.values()) or any(
-        m.few_rows is None for m in layers
+    if (
+        not layers
+        or any(p is None for p in packed.values())
+        or any(m.few_rows is None for m in layers)
     ):
         raise SystemExit("needs int8 layers with both kernels (row kernels built, VNNI for fbgemm)")
     rng = random.Random(0)

@@ -25,6 +25,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_rows.cpp", "int8_rows.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / "int8_rows.h"]
 # -march=native: built for the CPU it runs on, so the name carries that CPU's flags (a build
 # cache shared by different CPUs never hands one the other's instructions; _build_tag).
 # -ffp-contract=off: products round before they are added, as torch's elementwise ops round them.
@@ -41,6 +42,7 @@ OPS = (
     "guard_rows",
     "unguard_rows",
     "int8_rows_linear",
+    "rows_forward",
 )
 
 _lock = threading.Lock()
@@ -50,7 +52,11 @@ _state: dict[str, object] = {}  # "ops": the loaded ops or None once tried; "err
 def _build_tag() -> str:
     """The CPU's flags, the build's and the sources, hashed: a changed source builds into a new
     directory instead of rewriting a library that running processes have loaded."""
-    text = _cpu_flags() + " ".join(CFLAGS + LDFLAGS) + "".join(s.read_text() for s in SOURCES)
+    text = (
+        _cpu_flags()
+        + " ".join(CFLAGS + LDFLAGS)
+        + "".join(s.read_text() for s in SOURCES + HEADERS)
+    )
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 

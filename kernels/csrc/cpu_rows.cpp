@@ -27,6 +27,8 @@
 #include <bit>
 #include <vector>
 
+#include "int8_rows.h"
+
 namespace {
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -278,6 +280,57 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
   return out;
 }
 
+at::Tensor linear_int8(const at::Tensor& x, const at::TensorList& packed,
+                       const at::TensorList& colsums, const at::TensorList& scales,
+                       const c10::List<std::optional<at::Tensor>>& biases, int64_t k) {
+  at::Tensor y = pagedserve::int8_rows_linear(x, packed[k], colsums[k], scales[k]);
+  const std::optional<at::Tensor> bias = biases.get(k);
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+// A step's whole stack of layers, as services/executor/models/decoder.py `_forward_rows` runs
+// it, where every linear is the row kernels' int8 one: the same calls in the same order, so the
+// same bits, without a few dozen microseconds of Python and dispatch per layer. Per layer k:
+// norms[2k], norms[2k + 1] (input, post-attention) with eps[2k], eps[2k + 1]; the linears
+// 4k .. 4k + 3 (qkv, o, gate_up, down) as packed / colsums / scales / biases. h [rows, hidden]
+// is the residual stream, updated in place and returned (before the final norm).
+at::Tensor rows_forward(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& tables,
+                        const at::Tensor& token_seqs, const at::Tensor& positions, double scale,
+                        int64_t heads, int64_t kv_heads, at::TensorList norms,
+                        at::ArrayRef<double> eps, at::TensorList packed, at::TensorList colsums,
+                        at::TensorList scales,
+                        const c10::List<std::optional<at::Tensor>>& biases) {
+  const int64_t layers = static_cast<int64_t>(norms.size()) / 2;
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(norms.size()) == 2 * layers &&
+                  static_cast<int64_t>(eps.size()) == 2 * layers,
+              "two norms (and eps) per layer");
+  TORCH_CHECK(static_cast<int64_t>(packed.size()) == 4 * layers &&
+                  colsums.size() == packed.size() && scales.size() == packed.size() &&
+                  biases.size() == packed.size(),
+              "four linears per layer");
+  TORCH_CHECK(kv_cache.dim() == 6 && kv_cache.size(0) == layers && kv_cache.size(1) == 2,
+              "kv_cache must be [layers, 2, num_blocks, block_size, kv_heads, head_dim]");
+  at::Tensor x = rms_norm(h, norms[0], eps[0]);
+  for (int64_t i = 0; i < layers; ++i) {
+    at::Tensor qkv = linear_int8(x, packed, colsums, scales, biases, 4 * i);
+    at::Tensor cache = kv_cache.select(0, i);
+    at::Tensor o = rows_attention(qkv, cos, sin, cache.select(0, 0), cache.select(0, 1), slots,
+                                  tables, token_seqs, positions, scale, heads, kv_heads);
+    x = add_rms_norm(h, linear_int8(o, packed, colsums, scales, biases, 4 * i + 1),
+                     norms[2 * i + 1], eps[2 * i + 1]);
+    at::Tensor gated = silu_mul(linear_int8(x, packed, colsums, scales, biases, 4 * i + 2));
+    at::Tensor mlp = linear_int8(gated, packed, colsums, scales, biases, 4 * i + 3);
+    if (i == layers - 1) {
+      h.add_(mlp);
+    } else {
+      x = add_rms_norm(h, mlp, norms[2 * i + 2], eps[2 * i + 2]);
+    }
+  }
+  return h;
+}
+
 // fbgemm_rows' activation side (services/executor/quantized.py) in one call each way: each row
 // divided by its max |x| (at least 1e-12) into the first rows of the guarded buffer, which
 // holds the guard row last; returns the maxima [rows, 1]. The same IEEE divisions as torch's.
@@ -332,6 +385,11 @@ TORCH_LIBRARY(pagedserve_cpu, m) {
       "rows_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
       "Tensor(b!) v_cache, Tensor slots, Tensor tables, Tensor token_seqs, Tensor positions, "
       "float scale, int heads, int kv_heads) -> Tensor");
+  m.def(
+      "rows_forward(Tensor(a!) h, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
+      "Tensor tables, Tensor token_seqs, Tensor positions, float scale, int heads, "
+      "int kv_heads, Tensor[] norms, float[] eps, Tensor[] packed, Tensor[] colsums, "
+      "Tensor[] scales, Tensor?[] biases) -> Tensor(a)");
   m.def("guard_rows(Tensor x, Tensor(a!) buffer) -> Tensor");
   m.def("unguard_rows(Tensor(a!) out, Tensor maxima) -> Tensor(a)");
 }
@@ -341,6 +399,7 @@ TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rows_attention", &rows_attention);
+  m.impl("rows_forward", &rows_forward);
   m.impl("guard_rows", &guard_rows);
   m.impl("unguard_rows", &unguard_rows);
 }

@@ -39,6 +39,8 @@
 #include <immintrin.h>
 #endif
 
+#include "int8_rows.h"
+
 namespace {
 
 constexpr int64_t TILE = 16;  // output channels per tile
@@ -174,6 +176,10 @@ constexpr Pass PASSES[MAX_ROWS][MAX_TILES] = {
     {pass_for<4, 1>(), pass_for<4, 2>(), pass_for<4, 3>(), pass_for<4, 4>()},
 };
 
+}  // namespace
+
+namespace pagedserve {
+
 at::Tensor int8_rows_linear(const at::Tensor& x, const at::Tensor& packed,
                             const at::Tensor& colsum, const at::Tensor& weight_scales) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
@@ -230,10 +236,12 @@ at::Tensor int8_rows_linear(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
-}  // namespace
+}  // namespace pagedserve
 
 TORCH_LIBRARY_FRAGMENT(pagedserve_cpu, m) {
   m.def("int8_rows_linear(Tensor x, Tensor packed, Tensor colsum, Tensor weight_scales) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) { m.impl("int8_rows_linear", &int8_rows_linear); }
+TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) {
+  m.impl("int8_rows_linear", &pagedserve::int8_rows_linear);
+}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from kernels import cpu_rows
 from services.engine.llm_engine import LLMEngine
@@ -93,9 +94,44 @@ def test_int8_speculation_keeps_plain_decodings_tokens(tiny_model_dir, num_token
     plain, engine = run_checked(config, REPETITIVE, GREEDY)
     layers = [m for m in engine.executor.model.modules() if isinstance(m, Int8Linear)]
     assert layers and all(m.rows_packed is not None for m in layers)
-    speculating, engine = run_checked(dataclasses.replace(config, speculative=spec), REPETITIVE, GREEDY)
+    speculating, engine = run_checked(
+        dataclasses.replace(config, speculative=spec), REPETITIVE, GREEDY
+    )
     assert speculating == plain
     assert engine.scheduler.speculation.num_accepted > 0
+
+
+def test_the_int8_stack_in_one_call_gives_the_layer_loops_bits(tiny_model_dir, monkeypatch):
+    """With every linear the row kernels' int8, a step's layers run in one C++ call
+    (rows_forward); its logits are the Python loop's over the same kernels, bit for bit."""
+    config = engine_config(tiny_model_dir)
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, quantization="int8")
+    )
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000)
+    config = dataclasses.replace(config, speculative=spec)
+    logits: dict[str, list] = {"one call": [], "loop": []}
+    stacks: list[bool] = []
+    original_logits = DecoderForCausalLM.compute_logits
+    original_stack = DecoderForCausalLM._int8_row_stack
+    for name in logits:
+
+        def recorded(self, hidden, name=name):
+            out = original_logits(self, hidden)
+            logits[name].append(out.clone())
+            return out
+
+        def stack(self, name=name):
+            found = original_stack(self)
+            stacks.append(found is not None)
+            return found if name == "one call" else None
+
+        monkeypatch.setattr(DecoderForCausalLM, "compute_logits", recorded)
+        monkeypatch.setattr(DecoderForCausalLM, "_int8_row_stack", stack)
+        run_checked(config, REPETITIVE, GREEDY)
+    assert all(stacks) and len(stacks) > 20
+    assert len(logits["one call"]) == len(logits["loop"])
+    assert all(torch.equal(a, b) for a, b in zip(logits["one call"], logits["loop"]))
 
 
 def test_off_keeps_the_reference_layers(tiny_model_dir):

@@ -45,5 +45,7 @@ def check_op(op, shapes=((37, 50), (48, 64), (130, 100)), row_counts=(1, 3, 4, 5
             got = op(x, packed, colsum, scales)
             expected = int8_rows_reference(x, levels, scales)
             assert torch.equal(got, expected), (out_features, in_features, rows)
-            alone = torch.cat([op(x[r : r + 1].clone(), packed, colsum, scales) for r in range(rows)])
+            alone = torch.cat(
+                [op(x[r : r + 1].clone(), packed, colsum, scales) for r in range(rows)]
+            )
             assert torch.equal(alone, got), (out_features, in_features, rows)

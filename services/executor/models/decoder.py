@@ -24,7 +24,7 @@ from services.executor.models.layers import (
     rope_tables,
 )
 from services.executor.models.spec import KVLayout, ModelSpec, base_spec_fields
-from services.executor.quantized import QUANTIZED_LINEARS
+from services.executor.quantized import INT8_ROWS_MAX_ROWS, QUANTIZED_LINEARS, Int8Linear
 from services.executor.tensor_parallel import Shard
 
 # Steps whose sequences compute at most this many tokens each go through the CPU row kernels
@@ -200,6 +200,13 @@ class DecoderForCausalLM(nn.Module):
         ops = self.row_ops
         positions, slots = meta.positions.contiguous(), meta.slot_mapping.contiguous()
         h = h.contiguous()
+        stack = self._int8_row_stack() if h.shape[0] <= INT8_ROWS_MAX_ROWS else None
+        if stack is not None:  # every linear the row kernels' int8: the whole loop in C++
+            attn = self.layers[0].self_attn
+            return ops.rows_forward(
+                h, cos, sin, kv_cache, slots, meta.block_tables, meta.token_seqs, positions,
+                attn.scale, attn.num_heads, attn.num_kv_heads, *stack,
+            )  # fmt: skip
         first = self.layers[0].input_layernorm
         x = ops.rms_norm(h, first.weight, first.eps)
         last = len(self.layers) - 1
@@ -219,6 +226,37 @@ class DecoderForCausalLM(nn.Module):
                 norm = self.layers[i + 1].input_layernorm
                 x = ops.add_rms_norm(h, mlp_out, norm.weight, norm.eps)
         return h
+
+    def _int8_row_stack(self) -> tuple | None:
+        """rows_forward's per-layer arguments (norms, eps, and the four linears' packed
+        weights, column sums, scales, biases) where every layer's linears are Int8Linear with
+        the row kernels' copy; None otherwise. Rebuilt whenever a layer's copy changed."""
+        cached = getattr(self, "_row_stack_cache", None)
+        if cached is not None:
+            linears, stack = cached
+            if all(m.rows_packed is packed for m, packed in zip(linears, stack[2])):
+                return stack
+        linears = []
+        norms, eps = [], []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                norms.append(norm.weight)
+                eps.append(float(norm.eps))
+        if not all(isinstance(m, Int8Linear) and m.rows_packed is not None for m in linears):
+            self._row_stack_cache = None
+            return None
+        stack = (
+            norms,
+            eps,
+            [m.rows_packed for m in linears],
+            [m.rows_colsum for m in linears],
+            [m.scales for m in linears],
+            [m.bias for m in linears],
+        )
+        self._row_stack_cache = (linears, stack)
+        return stack
 
     def layer_rotary(
         self,
