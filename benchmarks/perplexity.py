@@ -16,6 +16,9 @@ token's linears computed the way a one-row decode step would compute them throug
 dynamic linear (its own asymmetric activation quantization per row; `-reduced`: 7-bit
 activations, what fbgemm needs on AVX2 to keep its int16 pair sums from saturating): the
 quality cost of that kernel for decode rows (benchmarks/decode_weight_streaming.py has its speed).
+A mode `int8+int8-rows` scores every token through the CPU row kernels' int8 linear
+(kernels/csrc/int8_rows.cpp), which computes each row on its own levels, so these are the
+numerics of every decode and verify row where that kernel serves them.
 """
 
 from __future__ import annotations
@@ -59,13 +62,14 @@ def pagedserve_nll(
     """Per scored token NLL [chunks * scored] and the seconds spent scoring."""
     ctx = len(chunks[0])
     quantization, _, row_kernel = mode.partition("+")
-    if row_kernel not in ("", "fbgemm-rows", "fbgemm-rows-reduced"):
+    if row_kernel not in ("", "fbgemm-rows", "fbgemm-rows-reduced", "int8-rows"):
         raise SystemExit(f"unknown row kernel {row_kernel!r} in mode {mode!r}")
-    rows = (
-        one_row_numerics(reduce_range=row_kernel == "fbgemm-rows-reduced")
-        if row_kernel
-        else contextlib.nullcontext()
-    )
+    if row_kernel == "int8-rows":
+        rows = row_kernel_numerics()
+    elif row_kernel:
+        rows = one_row_numerics(reduce_range=row_kernel == "fbgemm-rows-reduced")
+    else:
+        rows = contextlib.nullcontext()
     config = EngineConfig(
         model=ModelConfig(
             model=model, quantization=quantization, device="cpu", num_threads=threads
@@ -107,6 +111,35 @@ def one_row_numerics(reduce_range: bool):
             self.__dict__["_fbgemm"] = packed
         dynamic = torch.ops.quantized.linear_dynamic
         return torch.cat([dynamic(row, packed, reduce_range) for row in x.float().split(1)])
+
+    original = Int8Linear.forward
+    Int8Linear.forward = forward
+    try:
+        yield
+    finally:
+        Int8Linear.forward = original
+
+
+@contextlib.contextmanager
+def row_kernel_numerics():
+    """While open, Int8Linear computes every call through the row kernels' int8 linear, in
+    calls of at most INT8_ROWS_MAX_ROWS rows (each row's result is the same alone)."""
+    from kernels.cpu_rows import build_error, load_row_ops
+    from services.executor.quantized import INT8_ROWS_MAX_ROWS, Int8Linear, pack_int8_rows
+
+    ops = load_row_ops()
+    if ops is None:
+        raise SystemExit(f"the CPU row kernels are not built here: {build_error()}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
+        if self.rows_packed is None:
+            self.rows_packed, self.rows_colsum = pack_int8_rows(self.qweight_t.t())
+        parts = [
+            ops.int8_rows_linear(part.contiguous(), self.rows_packed, self.rows_colsum, self.scales)
+            for part in x.float().split(INT8_ROWS_MAX_ROWS)
+        ]
+        out = torch.cat(parts)
+        return out if self.bias is None else out + self.bias
 
     original = Int8Linear.forward
     Int8Linear.forward = forward

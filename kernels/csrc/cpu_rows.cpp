@@ -217,65 +217,53 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
     if (seq[r] != seq[r - 1]) starts.push_back(r);
   starts.push_back(rows);
   const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
+  // Work items: (group, query head), so that one sequence's step (a decode, a verify step)
+  // spreads over the threads too; a head's K/V rows are re-read per head of its KV group, from
+  // the cache after the first.
   auto attend = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, sums;
-    for (int64_t gi = begin; gi < end; ++gi) {
+    std::vector<float> scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t gi = item / heads, h = item % heads, kv = h / group;
       const int64_t r0 = starts[gi], r1 = starts[gi + 1];
       const int64_t* table = tab + seq[r0] * tab_stride;
       int64_t n = 0;  // the group's longest context
       for (int64_t r = r0; r < r1; ++r) n = std::max(n, pos[r] + 1);
-      scores.resize((r1 - r0) * heads * n);
-      sums.resize((r1 - r0) * heads);
-      // Row r, head h: scores[((r - r0) * heads + h) * n + p]. Positions in memory order (a
-      // block's slots hold every KV head side by side): the context streams through once for
-      // the scores and once for the values.
+      scores.resize((r1 - r0) * n);
+      // Row r: scores[(r - r0) * n + p]. Positions in order: the context streams through
+      // once for the scores and once for the values.
       for (int64_t p = 0; p < n; ++p) {
-        const float* kp = kc + table[p / block_size] * k0 + (p % block_size) * k1;
+        const float* kp = kc + table[p / block_size] * k0 + (p % block_size) * k1 + kv * head_dim;
         for (int64_t r = r0; r < r1; ++r) {
           if (p > pos[r]) continue;
-          const float* qr = qp + r * heads * head_dim;
-          float* sr = scores.data() + (r - r0) * heads * n;
-          for (int64_t h = 0; h < heads; ++h)
-            sr[h * n + p] = dot(qr + h * head_dim, kp + (h / group) * head_dim, head_dim) * fscale;
+          const float* qh = qp + (r * heads + h) * head_dim;
+          scores[(r - r0) * n + p] = dot(qh, kp, head_dim) * fscale;
         }
       }
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t len = pos[r] + 1;
-        for (int64_t h = 0; h < heads; ++h) {
-          float* sc = scores.data() + ((r - r0) * heads + h) * n;
-          const float top = *std::max_element(sc, sc + len);
-          float sum = 0.f;
+        float* sc = scores.data() + (r - r0) * n;
+        const float top = *std::max_element(sc, sc + len);
+        float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t p = 0; p < len; ++p) {
-            sc[p] = exp_approx(sc[p] - top);
-            sum += sc[p];
-          }
-          sums[(r - r0) * heads + h] = sum;
+        for (int64_t p = 0; p < len; ++p) {
+          sc[p] = exp_approx(sc[p] - top);
+          sum += sc[p];
         }
-      }
-      for (int64_t p = 0; p < n; ++p) {
-        const float* vp = vc + table[p / block_size] * v0 + (p % block_size) * v1;
-        for (int64_t r = r0; r < r1; ++r) {
-          if (p > pos[r]) continue;
-          const float* sr = scores.data() + (r - r0) * heads * n;
-          float* orow = op + r * heads * head_dim;
-          for (int64_t h = 0; h < heads; ++h)
-            axpy(orow + h * head_dim, sr[h * n + p], vp + (h / group) * head_dim, head_dim);
+        float* oh = op + (r * heads + h) * head_dim;
+        for (int64_t p = 0; p < len; ++p) {
+          const float* vp =
+              vc + table[p / block_size] * v0 + (p % block_size) * v1 + kv * head_dim;
+          axpy(oh, sc[p], vp, head_dim);
         }
-      }
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t h = 0; h < heads; ++h) {
-          const float inv = 1.f / sums[(r - r0) * heads + h];
-          float* oh = op + (r * heads + h) * head_dim;
-          for (int64_t i = 0; i < head_dim; ++i) oh[i] *= inv;
-        }
+        const float inv = 1.f / sum;
+        for (int64_t i = 0; i < head_dim; ++i) oh[i] *= inv;
       }
     }
   };
-  if (work < kSerialWork || groups == 1) {
-    attend(0, groups);
+  if (work < kSerialWork) {
+    attend(0, groups * heads);
   } else {
-    at::parallel_for(0, groups, 1, attend);
+    at::parallel_for(0, groups * heads, 1, attend);
   }
   return out;
 }
