@@ -20,6 +20,8 @@ them reads the whole set from memory, per kernel:
                  row divided by its max |x|, a guard row fixing the call's range, scaled back:
                  the int8 path's levels per row, whatever the other rows
   fp32 linear    F.linear on fp32 weights of the same shapes: four times the bytes
+  row kernels int8  the CPU row kernels' own (kernels/csrc/int8_rows.cpp; where they build):
+                 each row on its own asymmetric levels, each weight tile read once per call
   read floor     a max over the int8 weights' bytes (as int64 words): reading them and nothing else
 
 Prints ms per pass and GB/s of weights read, and how far each kernel's outputs are from the
@@ -45,10 +47,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_rows import load_row_ops
 from services.executor.quantized import (
     Int8Linear,
     fbgemm_rows,
     pack_for_fbgemm,
+    pack_int8_rows,
     quantize_rows,
 )
 
@@ -75,6 +79,7 @@ class Int8Layer:
         self.onednn = torch.ops.onednn.qlinear_prepack(self.q, None)
         self.fbgemm = pack_for_fbgemm(self.q, self.scales, None)
         self.fp32 = self.q.float() * self.scales[:, None]  # [out, in] the exact int8 weights
+        self.rows_packed, self.rows_colsum = pack_int8_rows(self.q)
 
 
 def run_int_mm(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
@@ -103,6 +108,13 @@ def run_fp32(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, layer.fp32)
 
 
+def run_row_kernels(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:
+    """The CPU row kernels' int8 linear (kernels/csrc/int8_rows.cpp): each row on its own
+    asymmetric levels, each weight tile read once per call."""
+    return ROW_OPS.int8_rows_linear(x, layer.rows_packed, layer.rows_colsum, layer.scales)
+
+
+ROW_OPS = load_row_ops()
 KERNELS = {
     "_int_mm": run_int_mm,
     "onednn packed": run_onednn,
@@ -110,6 +122,8 @@ KERNELS = {
     "fbgemm rows": run_fbgemm_rows,
     "fp32 linear": run_fp32,
 }
+if ROW_OPS is not None:  # (not built here: the other kernels still run)
+    KERNELS["row kernels int8"] = run_row_kernels
 
 
 def one_pass(layers: list[Int8Layer], kernel, rows: int) -> float:

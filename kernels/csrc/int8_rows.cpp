@@ -9,10 +9,12 @@
 // beside others (services/executor/quantized.py, `Int8Linear`).
 //
 // Arithmetic, exact up to the last two roundings: each row x is quantized asymmetrically on 256
-// levels, q = clamp(rint(x / s) + z, 0, 255) with s = (max(x, 0) - min(x, 0)) / 255 and
-// z = rint(-min(x, 0) / s); the int8 weights w (levels -127..127, one scale per output)
-// give acc = sum_k (q_k - z) w_k exactly in int32 (|acc| < 2^31 for in_features < 66,000);
-// out = float(acc) * s * w_scale.
+// levels as fbgemm's dynamic linear quantizes its one row (torch's ChooseQuantizationParams and
+// fbgemm's Quantize, followed to the bit: a one-row call gives fbgemm's result): the range
+// [min(x, 0), max(x, 0)], its scale s = (max - min) / 255 in double then float, the zero point z
+// from whichever end loses less, q = clamp(rint(fma(x, 1 / s, z)), 0, 255); the int8 weights
+// w (levels -127..127, one scale per output) give acc = sum_k (q_k - z) w_k exactly in int32
+// (|acc| < 2^31 for in_features < 66,000); out = float(acc) * (s * w_scale).
 //
 // Weight layout ("packed", made by services/executor/quantized.py `pack_int8_rows`): the output
 // channels in tiles of 16, the input in groups of 4: [out / 16, in / 4, 16, 4] int8, both padded
@@ -65,18 +67,24 @@ QuantizedRows quantize(const float* x, int64_t rows, int64_t in, int64_t in_padd
       lo = std::min(lo, xr[i]);
       hi = std::max(hi, xr[i]);
     }
-    float s = (hi - lo) / 255.f;
-    if (!(s > 0.f) || !std::isfinite(s)) s = 1.f;  // an all-zero row (or a broken one)
-    const float z = std::rint(-lo / s);
+    double scale = (static_cast<double>(hi) - lo) / 255.0;
+    // An all-zero row (or one whose scale under- or overflows a float): torch's 0.1.
+    if (static_cast<float>(scale) == 0.f || std::isinf(1.f / static_cast<float>(scale)))
+      scale = 0.1;
+    const double from_min = -lo / scale, from_max = 255.0 - hi / scale;
+    const double min_error = -std::fabs(lo / scale), max_error = 255.0 - std::fabs(hi / scale);
+    const double zero = min_error < max_error ? from_min : from_max;
+    const float z = static_cast<float>(std::min(255.0, std::max(0.0, std::nearbyint(zero))));
+    const float s = static_cast<float>(scale);
     out.scale[r] = s;
     out.zero[r] = static_cast<int32_t>(z);
     const float inverse = 1.f / s;
     uint8_t* qr = out.q.data() + r * in_padded;
-    // rint: to nearest, ties to even (the default rounding mode), as torch.round; inlined as
-    // one vector instruction where nearbyint would be a library call per element.
+    // One rounding of x / s + z (fbgemm's fused multiply-add), then to the nearest level, ties
+    // to even; rint is one vector instruction where nearbyint would be a library call.
 #pragma omp simd
     for (int64_t i = 0; i < in; ++i) {
-      const float level = std::rint(xr[i] * inverse) + z;
+      const float level = std::rint(std::fma(xr[i], inverse, z));
       qr[i] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, level)));
     }
   }

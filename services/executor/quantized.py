@@ -26,9 +26,10 @@ Beyond FBGEMM_MAX_ROWS rows `_int_mm` is faster (docs/benchmarks.md, "Verify row
 fbgemm too").
 
 Where the CPU row kernels are built (kernels/cpu_rows.py), calls of up to INT8_ROWS_MAX_ROWS rows
-take their own int8 linear instead (kernels/csrc/int8_rows.cpp): each row on its own asymmetric
-256 levels, as fbgemm's one-row call, for every row of the call, so a verify step's rows give the
-bits a one-row decode step gives; and each weight tile read once for all the rows.
+take their own int8 linear instead (kernels/csrc/int8_rows.cpp): every row of the call on its
+own asymmetric 256 levels, exactly as fbgemm quantizes a one-row call (the same bits), so a
+verify step's rows give the bits a one-row decode step gives; and each weight tile read once for
+all the rows.
 """
 
 from __future__ import annotations

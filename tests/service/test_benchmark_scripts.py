@@ -201,6 +201,12 @@ CASES = [
         ("rows.0.kernels_over_reference", "rows.0.reference_ms"),
     ),
     Case(
+        "int8_rows_linear",
+        lambda m, out: ["--model", str(m), "--quantization", "int8", "--batch-sizes", "2",
+                        "--steps", "2", "--prompt-len", "4", "--warmup", "1", "--json", str(out)],
+        ("rows.0.int8_rows_over_baseline", "rows.0.baseline_ms"),
+    ),
+    Case(
         "compiled_decode_step",
         lambda m, out: ["--model", str(m), "--quantization", "none", "--batch-sizes", "2",
                         "--steps", "2", "--prompt-len", "4", "--rounds", "1", "--json", str(out)],

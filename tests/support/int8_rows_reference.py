@@ -13,12 +13,19 @@ def int8_rows_reference(
     levels: torch.Tensor,  # [out, in] int8
     weight_scales: torch.Tensor,  # [out] fp32
 ) -> torch.Tensor:  # [rows, out] fp32
-    lo = x.amin(dim=1, keepdim=True).clamp(max=0.0)
-    hi = x.amax(dim=1, keepdim=True).clamp(min=0.0)
-    s = (hi - lo) / 255.0
-    s = torch.where(s > 0, s, torch.ones_like(s))  # an all-zero row
-    zero = torch.round(-lo / s)
-    q = (torch.round(x * (1.0 / s)) + zero).clamp(0, 255)
+    lo = x.amin(dim=1, keepdim=True).clamp(max=0.0).double()
+    hi = x.amax(dim=1, keepdim=True).clamp(min=0.0).double()
+    scale = (hi - lo) / 255.0
+    scale = torch.where(scale.float() > 0, scale, torch.full_like(scale, 0.1))  # all-zero rows
+    from_min, from_max = -lo / scale, 255.0 - hi / scale
+    use_min = -(lo / scale).abs() < 255.0 - (hi / scale).abs()
+    zero = torch.where(use_min, from_min, from_max).round().clamp(0, 255).float()
+    s = scale.float()
+    inverse = 1.0 / s
+    # fma(x, inverse, zero) rounded once to float: exact in double (a 48-bit product plus an
+    # integer below 256), then one rounding to float.
+    fused = (x.double() * inverse.double() + zero.double()).float()
+    q = fused.round().clamp(0, 255)
     sums = (q - zero).long() @ levels.long().t()  # exact
     return sums.float() * (s * weight_scales)
 

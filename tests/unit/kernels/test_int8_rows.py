@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kernels import cpu_rows
-from services.executor.quantized import INT8_ROWS_MAX_ROWS, Int8Linear
-from tests.support.int8_rows_reference import check_op
+from services.executor.quantized import INT8_ROWS_MAX_ROWS, Int8Linear, pack_int8_rows
+from tests.support.int8_rows_reference import check_op, random_case
 
 OPS = cpu_rows.load_row_ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason=f"not built: {cpu_rows.build_error()}")
@@ -85,6 +85,24 @@ def test_int8_linear_takes_it_for_few_rows_only():
     assert torch.equal(layer(x), plain(x))  # beyond: the layer's other kernels, unchanged
     layer.use_row_ops(None)
     assert layer.rows_packed is None
+
+
+@needs_ops
+def test_one_row_is_fbgemms_one_row_call_bit_for_bit():
+    """The same activation levels as fbgemm's dynamic linear takes for one row (its range, zero
+    point and fused rounding), so the row kernels change no one-row decode's numerics."""
+    from services.executor.quantized import exact_decode_kernel, linear_dynamic, pack_for_fbgemm
+
+    if not exact_decode_kernel():
+        pytest.skip("fbgemm does not sum exactly on this CPU (no VNNI): nothing to compare")
+    for seed in range(6):
+        x, levels, scales = random_case(3, 96, 160, seed)
+        x = x + seed * 0.3  # rows of one sign, of both, and the all-zero row shifted
+        packed, colsum = pack_int8_rows(levels)
+        fbgemm = pack_for_fbgemm(levels, scales, None)
+        for row in x.split(1):
+            expected = linear_dynamic(row, fbgemm, False)
+            assert torch.equal(OPS.int8_rows_linear(row, packed, colsum, scales), expected)
 
 
 @needs_ops
