@@ -139,7 +139,7 @@ inline void rotate(const float* x, const float* c, const float* s, float* out, i
 }
 
 // Below this many multiply-adds the rows run on the calling thread: waking the pool costs more.
-constexpr int64_t kSerialWork = 1 << 18;
+constexpr int64_t kSerialWork = 1 << 12;
 
 // qkv [rows, (heads + 2 kv_heads) * head_dim] -> [rows, heads * head_dim]: rotary on q and k,
 // k and v written to each row's slot, then each row attends to the first positions[r] + 1
@@ -231,12 +231,16 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
       scores.resize((r1 - r0) * n);
       // Row r: scores[(r - r0) * n + p]. Positions in order: the context streams through
       // once for the scores and once for the values.
-      for (int64_t p = 0; p < n; ++p) {
-        const float* kp = kc + table[p / block_size] * k0 + (p % block_size) * k1 + kv * head_dim;
-        for (int64_t r = r0; r < r1; ++r) {
-          if (p > pos[r]) continue;
-          const float* qh = qp + (r * heads + h) * head_dim;
-          scores[(r - r0) * n + p] = dot(qh, kp, head_dim) * fscale;
+      // Blocks, then their slots: no division per position.
+      for (int64_t b = 0, p = 0; p < n; ++b) {
+        const float* block = kc + table[b] * k0 + kv * head_dim;
+        for (int64_t o = 0; o < block_size && p < n; ++o, ++p) {
+          const float* kp = block + o * k1;
+          for (int64_t r = r0; r < r1; ++r) {
+            if (p > pos[r]) continue;
+            const float* qh = qp + (r * heads + h) * head_dim;
+            scores[(r - r0) * n + p] = dot(qh, kp, head_dim) * fscale;
+          }
         }
       }
       for (int64_t r = r0; r < r1; ++r) {
@@ -250,10 +254,10 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
           sum += sc[p];
         }
         float* oh = op + (r * heads + h) * head_dim;
-        for (int64_t p = 0; p < len; ++p) {
-          const float* vp =
-              vc + table[p / block_size] * v0 + (p % block_size) * v1 + kv * head_dim;
-          axpy(oh, sc[p], vp, head_dim);
+        for (int64_t b = 0, p = 0; p < len; ++b) {
+          const float* block = vc + table[b] * v0 + kv * head_dim;
+          for (int64_t o = 0; o < block_size && p < len; ++o, ++p)
+            axpy(oh, sc[p], block + o * v1, head_dim);
         }
         const float inv = 1.f / sum;
         for (int64_t i = 0; i < head_dim; ++i) oh[i] *= inv;
