@@ -315,11 +315,12 @@ class SpeculativeConfig:
         "--num-speculative-tokens)",
     )  # fmt: skip
     # A verification step costs K+1 query rows per sequence: worth it while the step is bound
-    # by reading the weights (small batches), not once the batch itself fills the step. 4: on
-    # the CPU, speculating at batch 64 lost 10-35% on repeat and code prompts while batch 4
-    # gained or broke even (benchmarks/speculative.py, docs/benchmarks.md).
+    # by reading the weights (small batches), not once the batch itself fills the step. 2: on
+    # the CPU, since one-row steps got cheaper, speculating at batch 3 and 4 lost up to a
+    # quarter on repeat and code prompts while batch 1 and 2 gained on all three workloads
+    # (benchmarks/results/speculative_int8_rows*.json, docs/benchmarks.md); at 64 it lost 10-35%.
     max_batch: int = flag(
-        4, "--speculative-max-batch",
+        2, "--speculative-max-batch",
         "speculate only while the running batch has at most this many sequences",
     )  # fmt: skip
     draft_model: str | None = flag(
