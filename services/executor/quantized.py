@@ -185,13 +185,17 @@ class Int8Linear(nn.Module):
     def use_row_ops(self, row_ops) -> None:
         """The CPU row kernels' ops (kernels/cpu_rows.py) for this layer's calls of few rows:
         their int8 linear where the layer takes a decode kernel at all (not with
-        `--int8-decode-kernel int_mm`), and their guard ops for fbgemm_rows."""
+        `--int8-decode-kernel int_mm`), and their guard ops for fbgemm_rows. Their copy of the
+        weights replaces fbgemm's, which no call would take any more (None: fbgemm's back)."""
         self.row_ops = row_ops
         if row_ops is not None and self.decode_kernel and hasattr(row_ops, "int8_rows_linear"):
             if self.rows_packed is None:
                 self.rows_packed, self.rows_colsum = pack_int8_rows(self.qweight_t.t())
+            self.few_rows = None
         else:
             self.rows_packed = self.rows_colsum = None
+            if self.few_rows is None and self.decode_kernel and exact_decode_kernel():
+                self.few_rows = pack_for_fbgemm(self.qweight_t.t(), self.scales, None)
 
     @property
     def packed_bytes(self) -> int:

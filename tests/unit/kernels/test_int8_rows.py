@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from kernels import cpu_rows
-from services.executor.quantized import INT8_ROWS_MAX_ROWS, Int8Linear, pack_int8_rows
+from services.executor.quantized import (
+    INT8_ROWS_MAX_ROWS,
+    Int8Linear,
+    exact_decode_kernel,
+    pack_int8_rows,
+)
 from tests.support.int8_rows_reference import check_op, random_case
 
 OPS = cpu_rows.load_row_ops()
@@ -73,6 +78,7 @@ def test_int8_linear_takes_it_for_few_rows_only():
     plain = Int8Linear(layer.qweight_t.t().float() * layer.scales[:, None], layer.bias)
     layer.use_row_ops(OPS)
     assert layer.rows_packed is not None
+    assert layer.few_rows is None  # fbgemm's copy released: no call would take it
     for rows in (1, INT8_ROWS_MAX_ROWS):
         x = torch.randn(rows, 24, generator=gen)
         direct = OPS.int8_rows_linear(x, layer.rows_packed, layer.rows_colsum, layer.scales)
@@ -85,6 +91,7 @@ def test_int8_linear_takes_it_for_few_rows_only():
     assert torch.equal(layer(x), plain(x))  # beyond: the layer's other kernels, unchanged
     layer.use_row_ops(None)
     assert layer.rows_packed is None
+    assert (layer.few_rows is not None) == exact_decode_kernel()  # fbgemm's back where it sums
 
 
 @needs_ops
