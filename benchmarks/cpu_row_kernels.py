@@ -12,39 +12,18 @@ rounding differs enough for near-tie tokens to differ (docs/benchmarks.md, "Batc
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-import torch
-
-from services.engine.llm_engine import LLMEngine
-from shared.config import EngineConfig, ModelConfig
-from shared.sampling import SamplingParams
+from services.bench.decode_steps import parse_args, prefilled_engine, write_report
 
 
 def measure(args, batch: int) -> dict:
-    engine = LLMEngine(
-        EngineConfig(model=ModelConfig(model=args.model, quantization=args.quantization))
-    )
+    engine = prefilled_engine(args.model, args.quantization, batch, args.prompt_len)
     model = engine.executor.model
     kernels = model.row_ops
     if kernels is None:
         raise SystemExit("the row kernels do not serve this model here (build or layers)")
-    rng = random.Random(0)
-    vocab = model.spec.vocab_size
-    sampling = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
-    for _ in range(batch):
-        engine.add_request([rng.randrange(100, vocab) for _ in range(args.prompt_len)], sampling)
-    while engine.scheduler.waiting or any(
-        s.num_uncomputed_tokens > 1 for g in engine.scheduler.running for s in g.seqs
-    ):
-        engine.step()  # prefill everything first
     times = {"kernels": [], "reference": []}
     for _ in range(args.warmup):
         engine.step()
@@ -74,26 +53,9 @@ def measure(args, batch: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default=None, help="default: the embedded model")
-    parser.add_argument("--quantization", default="auto")
-    parser.add_argument("--batch-sizes", default="1,4,16,64")
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=60, help="timed steps of each path")
-    parser.add_argument("--json", default="benchmarks/results/cpu_row_kernels.json")
-    args = parser.parse_args()
+    args = parse_args(__doc__, "1,4,16,64", 60, "benchmarks/results/cpu_row_kernels.json")
     rows = [measure(args, int(b)) for b in args.batch_sizes.split(",")]
-    result = {
-        "command": "benchmarks/cpu_row_kernels.py " + " ".join(sys.argv[1:]),
-        "model": args.model or "embedded SmolLM2-135M-Instruct",
-        "quantization": args.quantization,
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "rows": rows,
-    }
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print("wrote", args.json)
+    write_report("cpu_row_kernels.py", args, rows)
 
 
 if __name__ == "__main__":

@@ -14,27 +14,15 @@ verify step of b / (K + 1) sequences is).
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-import torch
-
-from services.engine.llm_engine import LLMEngine
+from services.bench.decode_steps import parse_args, prefilled_engine, write_report
 from services.executor.quantized import Int8Linear, exact_decode_kernel, pack_for_fbgemm
-from shared.config import EngineConfig, ModelConfig
-from shared.sampling import SamplingParams
 
 
 def measure(args, batch: int) -> dict:
-    engine = LLMEngine(
-        EngineConfig(model=ModelConfig(model=args.model, quantization=args.quantization))
-    )
+    engine = prefilled_engine(args.model, args.quantization, batch, args.prompt_len)
     layers = [m for m in engine.executor.model.modules() if isinstance(m, Int8Linear)]
     packed = {m: m.rows_packed for m in layers}
     if not layers or any(p is None for p in packed.values()):
@@ -45,15 +33,6 @@ def measure(args, batch: int) -> dict:
         m: pack_for_fbgemm(m.qweight_t.t(), m.scales, None) if baseline == "fbgemm" else None
         for m in layers
     }
-    rng = random.Random(0)
-    vocab = engine.executor.model.spec.vocab_size
-    sampling = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
-    for _ in range(batch):
-        engine.add_request([rng.randrange(100, vocab) for _ in range(args.prompt_len)], sampling)
-    while engine.scheduler.waiting or any(
-        s.num_uncomputed_tokens > 1 for g in engine.scheduler.running for s in g.seqs
-    ):
-        engine.step()  # prefill everything first
     for _ in range(args.warmup):
         engine.step()
     times = {"int8_rows": [], "baseline": []}
@@ -86,26 +65,9 @@ def measure(args, batch: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default=None, help="default: the embedded model")
-    parser.add_argument("--quantization", default="auto")
-    parser.add_argument("--batch-sizes", default="1,4,8,16,32")
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=40, help="timed steps of each kernel")
-    parser.add_argument("--json", default="benchmarks/results/int8_rows_linear.json")
-    args = parser.parse_args()
+    args = parse_args(__doc__, "1,4,8,16,32", 40, "benchmarks/results/int8_rows_linear.json")
     rows = [measure(args, int(b)) for b in args.batch_sizes.split(",")]
-    result = {
-        "command": "benchmarks/int8_rows_linear.py " + " ".join(sys.argv[1:]),
-        "model": args.model or "embedded SmolLM2-135M-Instruct",
-        "quantization": args.quantization,
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "rows": rows,
-    }
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print("wrote", args.json)
+    write_report("int8_rows_linear.py", args, rows)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def pagedserve_nll(
 def one_row_numerics(reduce_range: bool):
     """While open, Int8Linear computes each row alone through fbgemm's dynamic linear on the
     same int8 weights (packed once per layer): one-row decode numerics for every scored token."""
-    from services.executor.quantized import Int8Linear, exact_decode_kernel, pack_for_fbgemm
+    from services.executor.quantized import exact_decode_kernel, pack_for_fbgemm
 
     if not reduce_range and not exact_decode_kernel():
         raise SystemExit(
@@ -112,12 +112,8 @@ def one_row_numerics(reduce_range: bool):
         dynamic = torch.ops.quantized.linear_dynamic
         return torch.cat([dynamic(row, packed, reduce_range) for row in x.float().split(1)])
 
-    original = Int8Linear.forward
-    Int8Linear.forward = forward
-    try:
+    with _int8_forward(forward):
         yield
-    finally:
-        Int8Linear.forward = original
 
 
 @contextlib.contextmanager
@@ -125,7 +121,7 @@ def row_kernel_numerics():
     """While open, Int8Linear computes every call through the row kernels' int8 linear, in
     calls of at most INT8_ROWS_MAX_ROWS rows (each row's result is the same alone)."""
     from kernels.cpu_rows import build_error, load_row_ops
-    from services.executor.quantized import INT8_ROWS_MAX_ROWS, Int8Linear, pack_int8_rows
+    from services.executor.quantized import INT8_ROWS_MAX_ROWS, pack_int8_rows
 
     ops = load_row_ops()
     if ops is None:
@@ -140,6 +136,15 @@ def row_kernel_numerics():
         ]
         out = torch.cat(parts)
         return out if self.bias is None else out + self.bias
+
+    with _int8_forward(forward):
+        yield
+
+
+@contextlib.contextmanager
+def _int8_forward(forward):
+    """Int8Linear.forward replaced by `forward` while open."""
+    from services.executor.quantized import Int8Linear
 
     original = Int8Linear.forward
     Int8Linear.forward = forward
