@@ -39,8 +39,6 @@ OPS = (
     "add_rms_norm",
     "silu_mul",
     "rows_attention",
-    "guard_rows",
-    "unguard_rows",
     "int8_rows_linear",
     "rows_forward",
 )

@@ -1,5 +1,4 @@
-// A decoder layer's small ops for steps of a few rows per sequence, on the CPU (and the
-// activation side of int8's guarded fbgemm calls).
+// A decoder layer's small ops for steps of a few rows per sequence, on the CPU.
 //
 // At decode and verify sizes a CPU step spends more time dispatching the layer's small ops
 // (norms, rotary, the KV write, attention's gather and SDPA, the gate) than computing them: a
@@ -208,18 +207,18 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
   at::Tensor out = at::zeros({rows, heads * head_dim}, qkv.options());
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-  // Consecutive rows of one sequence (a verify step's, a short chunk's) form a group that reads
-  // its context once: each position's K and V serve every row that sees it. A row's arithmetic
-  // is the same in any group (its scores, softmax and sums run over its own positions in
-  // order), so its result is the same bits alone or beside others.
+  // Consecutive rows of one sequence (a verify step's, a short chunk's) form a group whose
+  // scores read each position's K once for every row that sees it. A row's arithmetic is the
+  // same in any group (its scores, softmax and sums run over its own positions in order), so
+  // its result is the same bits alone or beside others.
   std::vector<int64_t> starts{0};
   for (int64_t r = 1; r < rows; ++r)
     if (seq[r] != seq[r - 1]) starts.push_back(r);
   starts.push_back(rows);
   const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
   // Work items: (group, query head), so that one sequence's step (a decode, a verify step)
-  // spreads over the threads too; a head's K/V rows are re-read per head of its KV group, from
-  // the cache after the first.
+  // spreads over the threads too; a KV head's rows are re-read per query head of its group
+  // (and V per row), from the cache after the first read.
   auto attend = [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
@@ -229,9 +228,8 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
       int64_t n = 0;  // the group's longest context
       for (int64_t r = r0; r < r1; ++r) n = std::max(n, pos[r] + 1);
       scores.resize((r1 - r0) * n);
-      // Row r: scores[(r - r0) * n + p]. Positions in order: the context streams through
-      // once for the scores and once for the values.
-      // Blocks, then their slots: no division per position.
+      // Row r: scores[(r - r0) * n + p], positions in order; blocks, then their slots (no
+      // division per position).
       for (int64_t b = 0, p = 0; p < n; ++b) {
         const float* block = kc + table[b] * k0 + kv * head_dim;
         for (int64_t o = 0; o < block_size && p < n; ++o, ++p) {
@@ -323,50 +321,6 @@ at::Tensor rows_forward(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
   return h;
 }
 
-// fbgemm_rows' activation side (services/executor/quantized.py) in one call each way: each row
-// divided by its max |x| (at least 1e-12) into the first rows of the guarded buffer, which
-// holds the guard row last; returns the maxima [rows, 1]. The same IEEE divisions as torch's.
-at::Tensor guard_rows(const at::Tensor& x, at::Tensor buffer) {
-  check_rows(x, "x");
-  check_rows(buffer, "buffer");
-  const int64_t rows = x.size(0), width = x.size(1);
-  TORCH_CHECK(buffer.size(0) == rows + 1 && buffer.size(1) == width, "buffer must be [rows + 1, in]");
-  at::Tensor maxima = at::empty({rows, 1}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* bp = buffer.data_ptr<float>();
-  float* mp = maxima.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xp + r * width;
-    float top = 0.f;
-    for (int64_t i = 0; i < width; ++i) top = std::max(top, std::fabs(xr[i]));
-    top = std::max(top, 1e-12f);
-    mp[r] = top;
-    float* br = bp + r * width;
-#pragma omp simd
-    for (int64_t i = 0; i < width; ++i) br[i] = xr[i] / top;
-  }
-  return maxima;
-}
-
-// out [rows + 1, n] (the guarded call's result) -> its first rows times each row's maximum, in
-// place; returns that view [rows, n].
-at::Tensor unguard_rows(at::Tensor out, const at::Tensor& maxima) {
-  check_rows(out, "out");
-  const int64_t rows = out.size(0) - 1, n = out.size(1);
-  TORCH_CHECK(maxima.scalar_type() == at::kFloat && maxima.numel() == rows &&
-                  maxima.is_contiguous(),
-              "maxima must be [rows, 1] fp32");
-  float* op = out.data_ptr<float>();
-  const float* mp = maxima.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    float* orow = op + r * n;
-    const float m = mp[r];
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) orow[i] = orow[i] * m;
-  }
-  return out.narrow(0, 0, rows);
-}
-
 }  // namespace
 
 TORCH_LIBRARY(pagedserve_cpu, m) {
@@ -382,8 +336,6 @@ TORCH_LIBRARY(pagedserve_cpu, m) {
       "Tensor tables, Tensor token_seqs, Tensor positions, float scale, int heads, "
       "int kv_heads, Tensor[] norms, float[] eps, Tensor[] packed, Tensor[] colsums, "
       "Tensor[] scales, Tensor?[] biases) -> Tensor(a)");
-  m.def("guard_rows(Tensor x, Tensor(a!) buffer) -> Tensor");
-  m.def("unguard_rows(Tensor(a!) out, Tensor maxima) -> Tensor(a)");
 }
 
 TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) {
@@ -392,6 +344,4 @@ TORCH_LIBRARY_IMPL(pagedserve_cpu, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("rows_attention", &rows_attention);
   m.impl("rows_forward", &rows_forward);
-  m.impl("guard_rows", &guard_rows);
-  m.impl("unguard_rows", &unguard_rows);
 }

@@ -92,7 +92,6 @@ _GUARDED = threading.local()
 def fbgemm_rows(
     x: torch.Tensor,  # [rows, in] fp32
     packed,  # pack_for_fbgemm's weights, without bias
-    row_ops=None,  # kernels/cpu_rows.py's ops: the same arithmetic in two calls instead of six
 ) -> torch.Tensor:  # [rows, out] fp32
     """fbgemm's dynamic int8 linear with every row quantized on its own levels: each divided by
     its max |x|, plus the guard row, so the call's one range is the same whatever the rows (a
@@ -107,10 +106,6 @@ def fbgemm_rows(
             buffer = torch.zeros(rows + 1, width)
             buffer[rows, :2] = torch.tensor([-128 / 127, 1.0])
         buffers[(rows, width)] = buffer
-    if row_ops is not None and x.is_contiguous():
-        row_max = row_ops.guard_rows(x, buffer)  # [rows, 1]
-        out = linear_dynamic(buffer, packed, False)  # [rows + 1, out]
-        return row_ops.unguard_rows(out, row_max)
     row_max = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)  # [rows, 1]
     torch.div(x, row_max, out=buffer[:rows])
     out = linear_dynamic(buffer, packed, False)  # [rows + 1, out]
@@ -185,10 +180,10 @@ class Int8Linear(nn.Module):
     def use_row_ops(self, row_ops) -> None:
         """The CPU row kernels' ops (kernels/cpu_rows.py) for this layer's calls of few rows:
         their int8 linear where the layer takes a decode kernel at all (not with
-        `--int8-decode-kernel int_mm`), and their guard ops for fbgemm_rows. Their copy of the
-        weights replaces fbgemm's, which no call would take any more (None: fbgemm's back)."""
+        `--int8-decode-kernel int_mm`). Their copy of the weights replaces fbgemm's, which no
+        call would take any more (None: fbgemm's back)."""
         self.row_ops = row_ops
-        if row_ops is not None and self.decode_kernel and hasattr(row_ops, "int8_rows_linear"):
+        if row_ops is not None and self.decode_kernel:
             if self.rows_packed is None:
                 self.rows_packed, self.rows_colsum = pack_int8_rows(self.qweight_t.t())
             self.few_rows = None
@@ -220,7 +215,7 @@ class Int8Linear(nn.Module):
             if x.shape[0] == 1:
                 out = linear_dynamic(x, self.few_rows, False)
             else:
-                out = fbgemm_rows(x, self.few_rows, self.row_ops)
+                out = fbgemm_rows(x, self.few_rows)
             return out if self.bias is None else out.add_(self.bias)
         # One scale per row, so a token's result does not depend on the rest of the batch (a
         # per-tensor scale, as fbgemm's dynamic linear uses, would let one outlier token coarsen

@@ -68,6 +68,8 @@ class DecoderForCausalLM(nn.Module):
     ignored_checkpoint_names = ("rotary_emb",)
     layer_class = DecoderLayer
     row_ops = None  # the CPU row kernels' ops when use_row_kernels took them
+    # (the stack's linears, or None where not all are Int8Linear; rows_forward's arguments)
+    _row_stack_cache: tuple | None = None
 
     @classmethod
     def spec_from_config(cls, config, architecture: str) -> ModelSpec:
@@ -164,6 +166,7 @@ class DecoderForCausalLM(nn.Module):
         decoder layer, RMSNorm, full rotate-half rotary, a SiLU-gated MLP, fp32 on a CPU, no
         soft-capping, window or tensor parallelism. Says whether it does."""
         self.row_ops = ops if ops is not None and self._row_kernels_fit() else None
+        self._row_stack_cache = None
         return self.row_ops is not None
 
     def _row_kernels_fit(self) -> bool:
@@ -230,26 +233,32 @@ class DecoderForCausalLM(nn.Module):
     def _int8_row_stack(self) -> tuple | None:
         """rows_forward's per-layer arguments (norms, eps, and the four linears' packed
         weights, column sums, scales, biases) where every layer's linears are Int8Linear with
-        the row kernels' copy; None otherwise. Rebuilt whenever a layer's copy changed."""
-        cached = getattr(self, "_row_stack_cache", None)
-        if cached is not None:
-            linears, stack = cached
-            if all(m.rows_packed is packed for m, packed in zip(linears, stack[2])):
-                return stack
-        linears = []
-        norms, eps = [], []
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norms.append(norm.weight)
-                eps.append(float(norm.eps))
-        if not all(isinstance(m, Int8Linear) and m.rows_packed is not None for m in linears):
-            self._row_stack_cache = None
+        the row kernels' copy; None otherwise. Which linears the stack has is found once; the
+        arguments are rebuilt only when a layer's copy changed."""
+        if self._row_stack_cache is None:
+            linears = [
+                m
+                for layer in self.layers
+                for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
+                + (layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            ]
+            all_int8 = all(isinstance(m, Int8Linear) for m in linears)
+            self._row_stack_cache = (linears if all_int8 else None, None)
+        linears, stack = self._row_stack_cache
+        if linears is None:
             return None
+        if stack is not None and all(m.rows_packed is p for m, p in zip(linears, stack[2])):
+            return stack
+        if any(m.rows_packed is None for m in linears):
+            return None
+        norms = [
+            n
+            for layer in self.layers
+            for n in (layer.input_layernorm, layer.post_attention_layernorm)
+        ]
         stack = (
-            norms,
-            eps,
+            [n.weight for n in norms],
+            [float(n.eps) for n in norms],
             [m.rows_packed for m in linears],
             [m.rows_colsum for m in linears],
             [m.scales for m in linears],

@@ -106,20 +106,6 @@ def test_norms_and_gate_match_torch():
     torch.testing.assert_close(OPS.silu_mul(gate_up), F.silu(gate) * up)
 
 
-@pytest.mark.parametrize("rows", [2, 5, 32])
-def test_guarded_fbgemm_rows_are_the_torch_ops_bits(rows):
-    """quantized.fbgemm_rows' activation side in two C++ calls: the same divisions, the same
-    products, so the same bits as its six torch ops."""
-    from services.executor.quantized import fbgemm_rows, pack_for_fbgemm
-
-    gen = torch.Generator().manual_seed(rows)
-    levels = torch.randint(-127, 128, (48, 40), generator=gen)
-    packed = pack_for_fbgemm(levels, torch.rand(48, generator=gen) / 100 + 1e-3, None)
-    x = torch.randn(rows, 40, generator=gen) * torch.rand(rows, 1, generator=gen) * 10
-    x[0] = 0.0  # an all-zero row: its maximum is clamped, not divided by
-    assert torch.equal(fbgemm_rows(x, packed, OPS), fbgemm_rows(x, packed))
-
-
 def test_a_failed_build_leaves_the_reference(monkeypatch, caplog):
     import torch.utils.cpp_extension
 
