@@ -17,9 +17,13 @@
 // (|acc| < 2^31 for in_features < 66,000); out = float(acc) * (s * w_scale).
 //
 // Weight layout ("packed", made by services/executor/quantized.py `pack_int8_rows`): the output
-// channels in tiles of 16, the input in groups of 4: [out / 16, in / 4, 16, 4] int8, both padded
-// with zero weights. A tile's 16 x 4 bytes are one 64-byte line: the VNNI instruction multiplies
-// it by a row's 4 broadcast activations into the tile's 16 int32 sums.
+// channels in blocks of 64, each four tiles of 16, the input in groups of 4:
+// [out / 64, in / 4, 4, 16, 4] int8, both padded with zero weights. A tile's 16 x 4 bytes are one
+// 64-byte line: the VNNI instruction multiplies it by a row's 4 broadcast activations into the
+// tile's 16 int32 sums. A block's four tiles of one input group lie side by side, so a thread
+// reads its blocks as one sequential stream: with four tiles in four separate streams the
+// hardware prefetcher fell behind as soon as each line fed several rows (four rows cost 1.5x
+// one; in one stream about the same as one).
 //
 // Paths: AVX-512 VNNI (u8 x s8 products summed in int32 by the instruction), AVX2 (the
 // activations shifted to s8 so that |q - 128| <= 128 and a pair of products fits int16 without
@@ -47,8 +51,9 @@ namespace {
 
 constexpr int64_t TILE = 16;  // output channels per tile
 constexpr int64_t GROUP = 4;  // input values per int32 lane
-constexpr int MAX_ROWS = 4;   // rows sharing one pass over a tile group (accumulators in registers)
-constexpr int MAX_TILES = 4;  // tiles per pass: 64 outputs
+constexpr int MAX_ROWS = 4;   // rows sharing one pass over a block (accumulators in registers)
+constexpr int TILES = 4;      // tiles per block
+constexpr int64_t BLOCK = TILES * TILE;  // output channels per block
 
 struct QuantizedRows {
   std::vector<uint8_t> q;       // [rows, in_padded]
@@ -91,31 +96,50 @@ QuantizedRows quantize(const float* x, int64_t rows, int64_t in, int64_t in_padd
   return out;
 }
 
-// acc[r][t * 16 + j] += sum over the input of (q - bias) * w for rows [0, R) and tiles [0, T)
-// of one group; `q` rows hold in_padded bytes. bias is 0 on VNNI, 128 on AVX2, and the caller
-// adds (bias - z) * colsum. Reads each tile's weights once.
-template <int R, int T>
-void tile_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int64_t tile_bytes,
-               int32_t* acc /* [R, T * 16] */) {
+#if defined(__AVX512VNNI__)
+// One row's step over one input group of a block: its four tiles' sums take the row's 4 bytes.
+__attribute__((always_inline)) inline void row_group(const uint8_t* qr, const __m512i (&tiles)[4],
+                                                     __m512i& s0, __m512i& s1, __m512i& s2,
+                                                     __m512i& s3) {
+  int32_t four;
+  std::memcpy(&four, qr, 4);
+  const __m512i a = _mm512_set1_epi32(four);
+  s0 = _mm512_dpbusd_epi32(s0, a, tiles[0]);
+  s1 = _mm512_dpbusd_epi32(s1, a, tiles[1]);
+  s2 = _mm512_dpbusd_epi32(s2, a, tiles[2]);
+  s3 = _mm512_dpbusd_epi32(s3, a, tiles[3]);
+}
+#endif
+
+// acc[r][t * 16 + j] = sum over the input of (q - bias) * w for rows [0, R) of one block of
+// weights (w: [in_padded / 4, 4, 16, 4]); `q` rows hold in_padded bytes. bias is 0 on VNNI, 128
+// on AVX2, and the caller adds (bias - z) * colsum. Reads the block's weights once.
+template <int R>
+__attribute__((always_inline)) inline void block_pass(const uint8_t* q, int64_t in_padded,
+                                                      const int8_t* w,
+                                                      int32_t* acc /* [R, 64] */) {
+  constexpr int T = TILES;
   const int64_t groups = in_padded / GROUP;
 #if defined(__AVX512VNNI__)
-  __m512i sums[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) sums[r][t] = _mm512_setzero_si512();
+  // Sixteen named accumulators, not an array: GCC 12 at -O3 kept an array's in memory (or
+  // copied each one twice per step), which halved the speed of a four-row block.
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i s00 = zero, s01 = zero, s02 = zero, s03 = zero, s10 = zero, s11 = zero, s12 = zero,
+          s13 = zero, s20 = zero, s21 = zero, s22 = zero, s23 = zero, s30 = zero, s31 = zero,
+          s32 = zero, s33 = zero;
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i tiles[T];
-    for (int t = 0; t < T; ++t)
-      tiles[t] = _mm512_loadu_si512(w + t * tile_bytes + g * TILE * GROUP);
-    for (int r = 0; r < R; ++r) {
-      int32_t four;
-      std::memcpy(&four, q + r * in_padded + g * GROUP, 4);
-      const __m512i a = _mm512_set1_epi32(four);
-      for (int t = 0; t < T; ++t) sums[r][t] = _mm512_dpbusd_epi32(sums[r][t], a, tiles[t]);
-    }
+    const int8_t* wg = w + g * T * TILE * GROUP;
+    const __m512i tiles[4] = {_mm512_loadu_si512(wg), _mm512_loadu_si512(wg + 64),
+                              _mm512_loadu_si512(wg + 128), _mm512_loadu_si512(wg + 192)};
+    const uint8_t* qg = q + g * GROUP;
+    row_group(qg, tiles, s00, s01, s02, s03);
+    if constexpr (R > 1) row_group(qg + in_padded, tiles, s10, s11, s12, s13);
+    if constexpr (R > 2) row_group(qg + 2 * in_padded, tiles, s20, s21, s22, s23);
+    if constexpr (R > 3) row_group(qg + 3 * in_padded, tiles, s30, s31, s32, s33);
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      _mm512_storeu_si512(acc + r * T * TILE + t * TILE, sums[r][t]);
+  const __m512i sums[MAX_ROWS * T] = {s00, s01, s02, s03, s10, s11, s12, s13,
+                                      s20, s21, s22, s23, s30, s31, s32, s33};
+  for (int i = 0; i < R * T; ++i) _mm512_storeu_si512(acc + i * TILE, sums[i]);
 #elif defined(__AVX2__)
   // Two ymm halves per tile (8 outputs x 4 inputs each).
   __m256i sums[R][T][2];
@@ -126,7 +150,7 @@ void tile_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int64_t til
   for (int64_t g = 0; g < groups; ++g) {
     __m256i tiles[T][2];
     for (int t = 0; t < T; ++t) {
-      const int8_t* p = w + t * tile_bytes + g * TILE * GROUP;
+      const int8_t* p = w + (g * T + t) * TILE * GROUP;
       tiles[t][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
       tiles[t][1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
     }
@@ -157,7 +181,7 @@ void tile_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int64_t til
         for (int64_t g = 0; g < groups; ++g)
           for (int64_t i = 0; i < GROUP; ++i)
             sum += static_cast<int32_t>(q[r * in_padded + g * GROUP + i]) *
-                   w[t * tile_bytes + g * TILE * GROUP + j * GROUP + i];
+                   w[(g * T + t) * TILE * GROUP + j * GROUP + i];
         acc[r * T * TILE + t * TILE + j] = sum;
       }
 #endif
@@ -169,20 +193,17 @@ constexpr int32_t BIAS = 0;
 constexpr int32_t BIAS = 128;
 #endif
 
-using Pass = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*);
-
-template <int R, int T>
-constexpr Pass pass_for() {
-  return &tile_pass<R, T>;
+// The rows' sums over a block for 1 to MAX_ROWS rows. Each count gets its own inlined copy: a
+// pass called out of line kept its accumulators in memory (GCC 12/14), a store and a load per
+// multiply-add chain and step, and ran a four-row block at half speed.
+void block_sums(int rows, const uint8_t* q, int64_t in_padded, const int8_t* w, int32_t* acc) {
+  switch (rows) {
+    case 1: return block_pass<1>(q, in_padded, w, acc);
+    case 2: return block_pass<2>(q, in_padded, w, acc);
+    case 3: return block_pass<3>(q, in_padded, w, acc);
+    default: return block_pass<4>(q, in_padded, w, acc);
+  }
 }
-
-// PASSES[R - 1][T - 1]
-constexpr Pass PASSES[MAX_ROWS][MAX_TILES] = {
-    {pass_for<1, 1>(), pass_for<1, 2>(), pass_for<1, 3>(), pass_for<1, 4>()},
-    {pass_for<2, 1>(), pass_for<2, 2>(), pass_for<2, 3>(), pass_for<2, 4>()},
-    {pass_for<3, 1>(), pass_for<3, 2>(), pass_for<3, 3>(), pass_for<3, 4>()},
-    {pass_for<4, 1>(), pass_for<4, 2>(), pass_for<4, 3>(), pass_for<4, 4>()},
-};
 
 }  // namespace
 
@@ -192,18 +213,18 @@ at::Tensor int8_rows_linear(const at::Tensor& x, const at::Tensor& packed,
                             const at::Tensor& colsum, const at::Tensor& weight_scales) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be [rows, in] contiguous fp32");
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
-                  packed.size(2) == TILE && packed.size(3) == GROUP,
-              "packed must be [out / 16, in / 4, 16, 4] int8");
+  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
+                  packed.size(2) == TILES && packed.size(3) == TILE && packed.size(4) == GROUP,
+              "packed must be [out / 64, in / 4, 4, 16, 4] int8");
   const int64_t rows = x.size(0), in = x.size(1);
-  const int64_t tiles = packed.size(0), in_padded = packed.size(1) * GROUP;
+  const int64_t blocks = packed.size(0), in_padded = packed.size(1) * GROUP;
   const int64_t out_features = weight_scales.numel();
   TORCH_CHECK(in <= in_padded && in_padded < in + GROUP, "x's width does not match the weights");
-  TORCH_CHECK(out_features <= tiles * TILE && out_features > (tiles - 1) * TILE,
+  TORCH_CHECK(out_features <= blocks * BLOCK && out_features > (blocks - 1) * BLOCK,
               "weight_scales does not match the weights");
-  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.numel() == tiles * TILE &&
+  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.numel() == blocks * BLOCK &&
                   colsum.is_contiguous(),
-              "colsum must be [out padded to 16] int32");
+              "colsum must be [out padded to 64] int32");
   TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.is_contiguous(),
               "weight_scales must be fp32");
   at::Tensor out = at::empty({rows, out_features}, x.options());
@@ -214,29 +235,27 @@ at::Tensor int8_rows_linear(const at::Tensor& x, const at::Tensor& packed,
   const int32_t* cs = colsum.data_ptr<int32_t>();
   const float* ws = weight_scales.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t tile_bytes = in_padded * TILE;
-  const int64_t passes = (tiles + MAX_TILES - 1) / MAX_TILES;
+  const int64_t block_bytes = in_padded * BLOCK;
 
-  // Threads take contiguous runs of tile groups: each streams its own part of the weights.
-  at::parallel_for(0, passes, 1, [&](int64_t begin, int64_t end) {
-    int32_t acc[MAX_ROWS * MAX_TILES * TILE];
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t first = p * MAX_TILES;
-      const int t_count = static_cast<int>(std::min<int64_t>(MAX_TILES, tiles - first));
+  // Threads take contiguous runs of blocks: each streams its own part of the weights.
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    int32_t acc[MAX_ROWS * BLOCK];
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first = b * BLOCK;
+      const int64_t n = std::min(BLOCK, out_features - first);  // the block's real outputs
       for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
         const int r_count = static_cast<int>(std::min<int64_t>(MAX_ROWS, rows - r0));
-        PASSES[r_count - 1][t_count - 1](qx.q.data() + r0 * in_padded, in_padded,
-                                         w + first * tile_bytes, tile_bytes, acc);
+        block_sums(r_count, qx.q.data() + r0 * in_padded, in_padded, w + b * block_bytes, acc);
         for (int r = 0; r < r_count; ++r) {
           const int32_t shift = BIAS - qx.zero[r0 + r];
           const float s = qx.scale[r0 + r];
-          float* orow = op + (r0 + r) * out_features;
-          for (int64_t j = 0; j < t_count * TILE; ++j) {
-            const int64_t o = first * TILE + j;
-            if (o >= out_features) break;
-            const int32_t sum = acc[r * t_count * TILE + j] + shift * cs[o];
-            orow[o] = static_cast<float>(sum) * (s * ws[o]);
-          }
+          const int32_t* ar = acc + r * BLOCK;
+          const int32_t* csb = cs + first;
+          const float* wsb = ws + first;
+          float* orow = op + (r0 + r) * out_features + first;
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j)
+            orow[j] = static_cast<float>(ar[j] + shift * csb[j]) * (s * wsb[j]);
         }
       }
     }

@@ -5,7 +5,8 @@
 
 namespace pagedserve {
 
-// x [rows, in] fp32 contiguous, packed [out / 16, in / 4, 16, 4] int8, colsum [out padded] int32,
+// x [rows, in] fp32 contiguous, packed [out / 64, in / 4, 4, 16, 4] int8,
+// colsum [out padded to 64] int32,
 // weight_scales [out] fp32 -> [rows, out] fp32 (int8_rows.cpp says how).
 at::Tensor int8_rows_linear(const at::Tensor& x, const at::Tensor& packed,
                             const at::Tensor& colsum, const at::Tensor& weight_scales);

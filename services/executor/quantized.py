@@ -123,16 +123,16 @@ def quantize_rows(
 
 def pack_int8_rows(
     qweight: torch.Tensor,  # [out, in] int8 levels
-) -> tuple[torch.Tensor, torch.Tensor]:  # [out/16, in/4, 16, 4] int8, [out/16*16] int32
-    """The row kernels' layout (kernels/csrc/int8_rows.cpp): outputs in tiles of 16, inputs in
-    groups of 4, both padded with zero weights; and each padded output's sum of levels (its
-    correction for the activations' zero point)."""
+) -> tuple[torch.Tensor, torch.Tensor]:  # [out/64, in/4, 4, 16, 4] int8, [out/64*64] int32
+    """The row kernels' layout (kernels/csrc/int8_rows.cpp): outputs in blocks of four tiles of
+    16, inputs in groups of 4, each group's four tiles side by side, padded with zero weights;
+    and each padded output's sum of levels (its correction for the activations' zero point)."""
     out_features, in_features = qweight.shape
-    out_padded, in_padded = -(-out_features // 16) * 16, -(-in_features // 4) * 4
+    out_padded, in_padded = -(-out_features // 64) * 64, -(-in_features // 4) * 4
     padded = torch.zeros(out_padded, in_padded, dtype=torch.int8)
     padded[:out_features, :in_features] = qweight
-    tiles = padded.view(out_padded // 16, 16, in_padded // 4, 4).permute(0, 2, 1, 3)
-    return tiles.contiguous(), padded.sum(dim=1, dtype=torch.int32)
+    blocks = padded.view(out_padded // 64, 4, 16, in_padded // 4, 4).permute(0, 3, 1, 2, 4)
+    return blocks.contiguous(), padded.sum(dim=1, dtype=torch.int32)
 
 
 def pack_for_fbgemm(
