@@ -79,12 +79,7 @@ class EngineCore:
         if self._ahead is not None:
             (plan, handle, launched_at), self._ahead = self._ahead, None
         else:
-            scheduler = self.scheduler
-            running_before, num_preemptions = list(scheduler.running), scheduler.num_preemptions
-            plan = self.loop.plan()
-            self.preemptions.note(running_before, num_preemptions, scheduler)
-            launched_at = time.perf_counter()
-            handle = await self.executor.launch(plan)
+            plan, handle, launched_at = await self._plan_and_launch()
         if self.overlap:
             ahead = self.loop.plan_ahead()
             if ahead is not None:  # queued behind `plan` before its samples are read
@@ -94,6 +89,22 @@ class EngineCore:
         collected_at = time.perf_counter()
         updates = self.loop.finish(plan, result)
         return StepOutcome(plan, result, updates, started_at, launched_at, collected_at)
+
+    async def launch_next(self) -> None:
+        """With overlap, when no step is in flight: plan and launch the next one now, so the
+        executor computes it while the caller publishes the last step's outputs (those are
+        then off the critical path even where plan_ahead could not run: a speculating step's
+        proposals need its predecessor's tokens). The plan is what step() would make next."""
+        if self.overlap and self._ahead is None and self.scheduler.has_schedulable():
+            self._ahead = await self._plan_and_launch()
+
+    async def _plan_and_launch(self) -> tuple[StepPlan, Any, float]:
+        scheduler = self.scheduler
+        running_before, num_preemptions = list(scheduler.running), scheduler.num_preemptions
+        plan = self.loop.plan()
+        self.preemptions.note(running_before, num_preemptions, scheduler)
+        launched_at = time.perf_counter()
+        return plan, await self.executor.launch(plan), launched_at
 
     def forget(self) -> None:
         """The executor died with steps in flight: drop them (the scheduler's requeue_all

@@ -224,6 +224,10 @@ class SchedulerService:
                 outcome = await core.step()  # raises (the task dies) when nothing moved
             except ExecutorLost:
                 continue  # the top of the loop forgets its steps and waits for a new one
+            try:
+                await core.launch_next()  # the executor runs while these outputs go out
+            except ExecutorLost:
+                pass  # this step's outputs still go out; the top of the loop replaces it
             await self._finish_step(outcome)
 
     async def _finish_step(self, outcome: StepOutcome) -> None:

@@ -14,7 +14,7 @@ import zmq.asyncio
 import services.engine.llm_engine as llm_engine
 import services.scheduler.service as scheduler_service
 from services.engine.llm_engine import LLMEngine
-from services.scheduler.engine_core import EngineCore
+from services.scheduler.engine_core import EngineCore, run_now
 from services.scheduler.service import SchedulerService
 from shared.config import EngineConfig, SchedulerConfig
 from shared.ipc import Addresses, make_socket, recv, recv_sync, send, send_sync
@@ -183,3 +183,41 @@ def test_the_engine_and_the_service_drive_one_core_to_the_same_outputs(monkeypat
     # Stops, lengths and a parallel sample: the comparison covers every way a sample ends.
     reasons = {reason for out in expected for _, reason in out}
     assert reasons == {"stop", "length"} and len(expected[1]) == 2
+
+
+def _core_that_cannot_plan_ahead(monkeypatch, overlap: bool) -> tuple[EngineCore, list[int]]:
+    """A core on the position executor whose scheduler never plans ahead (as when its next step
+    speculates), and the step ids its executor was asked to launch, in order."""
+    monkeypatch.setattr(llm_engine, "make_executor", lambda config: PositionExecutor())
+    engine = LLMEngine(EngineConfig(executor="sim"), overlap_steps=overlap)
+    monkeypatch.setattr(engine.scheduler, "schedule_ahead", lambda: None)
+    launched: list[int] = []
+    launch = engine.executor.launch
+
+    def record(plan: StepPlan) -> StepResult:
+        launched.append(plan.step_id)
+        return launch(plan)
+
+    monkeypatch.setattr(engine.executor, "launch", record)
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    return engine.core, launched
+
+
+def test_launch_next_sends_the_next_plan_before_this_steps_outputs_are_handed_on(monkeypatch):
+    core, launched = _core_that_cannot_plan_ahead(monkeypatch, overlap=True)
+    first = run_now(core.step())
+    assert launched == [first.plan.step_id]  # nothing was planned behind it
+    run_now(core.launch_next())
+    assert len(launched) == 2  # the next step is already with the executor
+    run_now(core.launch_next())
+    assert len(launched) == 2  # one at a time: a step in flight is not planned behind
+    second = run_now(core.step())
+    assert second.plan.step_id == launched[1]  # step() collects it instead of planning anew
+    assert second.updates and second.updates[0].group.seqs[0].num_output_tokens == 2
+
+
+def test_launch_next_waits_for_step_without_overlap(monkeypatch):
+    core, launched = _core_that_cannot_plan_ahead(monkeypatch, overlap=False)
+    run_now(core.step())
+    run_now(core.launch_next())
+    assert len(launched) == 1
