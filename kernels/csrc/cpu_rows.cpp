@@ -57,6 +57,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
   }
 #endif
   float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }

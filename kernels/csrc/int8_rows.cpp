@@ -115,14 +115,12 @@ __attribute__((always_inline)) inline void row_group(const uint8_t* qr, const __
 // weights (w: [in_padded / 4, 4, 16, 4]); `q` rows hold in_padded bytes. bias is 0 on VNNI, 128
 // on AVX2, and the caller adds (bias - z) * colsum. Reads the block's weights once.
 template <int R>
-__attribute__((always_inline)) inline void block_pass(const uint8_t* q, int64_t in_padded,
-                                                      const int8_t* w,
-                                                      int32_t* acc /* [R, 64] */) {
+void block_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int32_t* acc /* [R, 64] */) {
   constexpr int T = TILES;
   const int64_t groups = in_padded / GROUP;
 #if defined(__AVX512VNNI__)
-  // Sixteen named accumulators, not an array: GCC 12 at -O3 kept an array's in memory (or
-  // copied each one twice per step), which halved the speed of a four-row block.
+  // Sixteen named accumulators, not an array: GCC 12 at -O3 kept an array's sums on the stack
+  // or copied each of them twice per input group, which halved the speed of a four-row block.
   const __m512i zero = _mm512_setzero_si512();
   __m512i s00 = zero, s01 = zero, s02 = zero, s03 = zero, s10 = zero, s11 = zero, s12 = zero,
           s13 = zero, s20 = zero, s21 = zero, s22 = zero, s23 = zero, s30 = zero, s31 = zero,
@@ -193,9 +191,7 @@ constexpr int32_t BIAS = 0;
 constexpr int32_t BIAS = 128;
 #endif
 
-// The rows' sums over a block for 1 to MAX_ROWS rows. Each count gets its own inlined copy: a
-// pass called out of line kept its accumulators in memory (GCC 12/14), a store and a load per
-// multiply-add chain and step, and ran a four-row block at half speed.
+// The rows' sums over a block for 1 to MAX_ROWS rows: each count has its own pass.
 void block_sums(int rows, const uint8_t* q, int64_t in_padded, const int8_t* w, int32_t* acc) {
   switch (rows) {
     case 1: return block_pass<1>(q, in_padded, w, acc);
