@@ -111,7 +111,9 @@ class Executor:
         self.model = load_model(
             model_dir, dtype, self.max_model_len, self.ops, self.device, self.shard
         )
-        self.quantization = resolve_quantization(config.model.quantization, model_dir, self.device)
+        self.quantization = resolve_quantization(
+            config.model.quantization, model_dir, self.device, config.model.cpu_row_kernels
+        )
         refusal = type(self.model).quantization_refusal
         if self.quantization != "none" and refusal:
             raise ValueError(f"--quantization {self.quantization}: {refusal}")

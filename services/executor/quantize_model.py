@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from kernels.cpu_rows import load_row_ops
 from services.executor.calibration_cache import cached_maxima
 from services.executor.gguf_blocks import Q4_1, Q8_0, read_blocks
 from services.executor.models.decoder import DecoderForCausalLM
@@ -14,6 +16,7 @@ from services.executor.quantized import (
     Int4Linear,
     Int8Embedding,
     Int8Linear,
+    int_mm_has_fast_path,
 )
 from services.executor.smoothing import (
     ALPHA,
@@ -32,11 +35,22 @@ QUANTIZATIONS = ("none", "int8", "int4")
 # benchmarks/quantized_quality.py (docs/benchmarks.md); every other model stays fp32.
 EMBEDDED_CPU_DEFAULT = "int8"
 
+log = logging.getLogger("pagedserve.executor")
 
-def resolve_quantization(requested: str, model_dir: Path, device: torch.device) -> str:
+
+def resolve_quantization(
+    requested: str, model_dir: Path, device: torch.device, row_kernels: str = "auto"
+) -> str:
     if requested != "auto":
         return requested
-    return EMBEDDED_CPU_DEFAULT if device.type == "cpu" and is_embedded(model_dir) else "none"
+    if device.type != "cpu" or not is_embedded(model_dir):
+        return "none"
+    # Prompt chunks need a fast int8 GEMM: torch._int_mm where the CPU has VNNI, else the row
+    # kernels (--cpu-row-kernels); with neither, int8 prefill is a plain loop, fp32 is faster.
+    if int_mm_has_fast_path() or (row_kernels != "off" and load_row_ops() is not None):
+        return EMBEDDED_CPU_DEFAULT
+    log.warning("no fast int8 GEMM here (no VNNI, no CPU row kernels): the model stays fp32")
+    return "none"
 
 
 def quantize_model(

@@ -56,6 +56,16 @@ INT8_ROWS_MAX_ROWS = FBGEMM_MAX_ROWS
 
 
 @functools.cache
+def int_mm_has_fast_path() -> bool:
+    """Whether torch._int_mm is a vectorised GEMM on this CPU. torch 2.13 runs it through
+    oneDNN only where the CPU has AVX-512 VNNI (`torch.cpu._is_vnni_supported`); elsewhere it
+    is a plain loop: 1.3 GMAC/s for [64, 576] x [576, 1536] on an AVX2-only EPYC, about 50x
+    slower than fp32's GEMM there, where a 128-token prompt chunk of the embedded model then
+    took 9.5 s (docs/benchmarks.md, "Prompt chunks on CPUs without VNNI")."""
+    return bool(torch.cpu._is_vnni_supported())
+
+
+@functools.cache
 def exact_decode_kernel() -> bool:
     """Whether fbgemm's dynamic int8 linear sums exactly here, checked once on a worst case.
 
@@ -170,6 +180,7 @@ class Int8Linear(nn.Module):
         # without the bias, which forward() adds once fbgemm_rows has scaled its rows back.
         self.few_rows = None
         self.row_ops = None  # the CPU row kernels' ops, set by use_row_ops
+        self.rows_max: int | None = INT8_ROWS_MAX_ROWS  # their largest call; None: any
         # The row kernels' copy of the weights (pack_int8_rows), made by use_row_ops.
         self.rows_packed: torch.Tensor | None = None
         self.rows_colsum: torch.Tensor | None = None
@@ -183,6 +194,9 @@ class Int8Linear(nn.Module):
         `--int8-decode-kernel int_mm`). Their copy of the weights replaces fbgemm's, which no
         call would take any more (None: fbgemm's back)."""
         self.row_ops = row_ops
+        # Without a fast _int_mm the row kernels take calls of every size: streaming the
+        # weights once per four rows still beats fp32's GEMM there (docs/benchmarks.md).
+        self.rows_max = INT8_ROWS_MAX_ROWS if int_mm_has_fast_path() else None
         if row_ops is not None and self.decode_kernel:
             if self.rows_packed is None:
                 self.rows_packed, self.rows_colsum = pack_int8_rows(self.qweight_t.t())
@@ -206,7 +220,12 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
         if x.dtype != torch.float32:  # (a dispatch saved per call where it is already)
             x = x.float()
-        if self.rows_packed is not None and 0 < x.shape[0] <= INT8_ROWS_MAX_ROWS:
+        rows = x.shape[0]
+        if (
+            self.rows_packed is not None
+            and 0 < rows
+            and (self.rows_max is None or rows <= self.rows_max)
+        ):
             out = self.row_ops.int8_rows_linear(
                 x.contiguous(), self.rows_packed, self.rows_colsum, self.scales
             )

@@ -209,6 +209,30 @@ def test_auto_keeps_fp32_for_models_other_than_the_embedded_one(tiny_model_dir):
     assert resolve_quantization("int4", tiny_model_dir, torch.device("cpu")) == "int4"
 
 
+@pytest.mark.parametrize(
+    "vnni, row_kernels_built, setting, expected",
+    [
+        (True, False, "off", "int8"),  # torch._int_mm has its fast GEMM
+        (False, True, "auto", "int8"),  # the row kernels take every int8 call
+        (False, True, "off", "none"),  # turned off: prompt chunks would run _int_mm's loop
+        (False, False, "auto", "none"),  # not built (no compiler): the same
+    ],
+)
+def test_auto_int8_only_with_a_fast_int8_gemm(
+    monkeypatch, tiny_model_dir, vnni, row_kernels_built, setting, expected
+):
+    from services.executor import quantize_model
+
+    monkeypatch.setattr(quantize_model, "is_embedded", lambda path: True)
+    monkeypatch.setattr(quantize_model, "int_mm_has_fast_path", lambda: vnni)
+    monkeypatch.setattr(
+        quantize_model, "load_row_ops", lambda: object() if row_kernels_built else None
+    )
+    cpu = torch.device("cpu")
+    assert quantize_model.resolve_quantization("auto", tiny_model_dir, cpu, setting) == expected
+    assert quantize_model.resolve_quantization("int8", tiny_model_dir, cpu, setting) == "int8"
+
+
 @pytest.mark.slow
 def test_embedded_gguf_blocks_equal_the_converted_fp32_weights():
     from safetensors import safe_open

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kernels import cpu_rows
+from services.executor import quantized
 from services.executor.quantized import (
     INT8_ROWS_MAX_ROWS,
     Int8Linear,
@@ -72,7 +73,9 @@ print("checked")
 
 
 @needs_ops
-def test_int8_linear_takes_it_for_few_rows_only():
+def test_int8_linear_takes_it_for_few_rows_only(monkeypatch):
+    """Where _int_mm is fast (AVX-512 VNNI): calls beyond INT8_ROWS_MAX_ROWS stay on it."""
+    monkeypatch.setattr(quantized, "int_mm_has_fast_path", lambda: True)
     gen = torch.Generator().manual_seed(0)
     layer = Int8Linear(torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen))
     plain = Int8Linear(layer.qweight_t.t().float() * layer.scales[:, None], layer.bias)
@@ -92,6 +95,31 @@ def test_int8_linear_takes_it_for_few_rows_only():
     layer.use_row_ops(None)
     assert layer.rows_packed is None
     assert (layer.few_rows is not None) == exact_decode_kernel()  # fbgemm's back where it sums
+
+
+@needs_ops
+def test_without_a_fast_int_mm_it_takes_calls_of_every_size(monkeypatch):
+    """Elsewhere torch._int_mm is a plain loop (a 128-token prompt chunk of the embedded model
+    took 9.5 s on an AVX2-only CPU): prompt chunks take the row kernels too, and never _int_mm;
+    each row's result is still its one-row call's."""
+    monkeypatch.setattr(quantized, "int_mm_has_fast_path", lambda: False)
+    gen = torch.Generator().manual_seed(1)
+    layer = Int8Linear(torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen))
+    layer.use_row_ops(OPS)
+
+    def no_int_mm(*args):
+        raise AssertionError("_int_mm called")
+
+    monkeypatch.setattr(torch, "_int_mm", no_int_mm)
+    x = torch.randn(3 * INT8_ROWS_MAX_ROWS + 5, 24, generator=gen)
+    out = layer(x)
+    direct = OPS.int8_rows_linear(x, layer.rows_packed, layer.rows_colsum, layer.scales)
+    assert torch.equal(out, direct + layer.bias)
+    assert torch.equal(out, torch.cat([layer(row) for row in x.split(1)]))
+    # Without the row kernels (not built, or turned off) the call has no other int8 path.
+    layer.use_row_ops(None)
+    with pytest.raises(AssertionError, match="_int_mm called"):
+        layer(x)
 
 
 @needs_ops
