@@ -1,7 +1,10 @@
-"""CPU linear-layer kernels side by side: fp32 GEMM against torch's int8 and int4 paths.
+"""CPU linear-layer kernels side by side: fp32 GEMM against torch's int8 and int4 paths and
+the CPU row kernels' int8 linear.
 
-Why `--quantization int8` runs on `torch._int_mm` and int4 is not the default: times one
-[M, 576] x [576, 3072] layer (SmolLM2-135M's gate/up shape) per kernel and batch size M.
+Why `--quantization int8` runs where it runs and int4 is not the default: times one
+[M, 576] x [576, 3072] layer (SmolLM2-135M's gate/up shape) per kernel and batch size M,
+including `Int8Linear` as the executor sets it up on this CPU (row kernels attached where
+built; without a fast `_int_mm`, no VNNI, they take calls of every size).
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ import os
 import time
 
 import torch
+
+from kernels.cpu_rows import load_row_ops
+from services.executor.quantized import Int8Linear, int_mm_has_fast_path
 
 K, N = 576, 3072
 
@@ -36,6 +42,13 @@ def kernels(m: int) -> dict:
     w_int4 = torch.randint(0, 16, (N, K), dtype=torch.int32)
     packed = torch._convert_weight_to_int4pack_for_cpu(w_int4, 2)
     scales_zeros = torch.rand(K // group, N, 2)
+    layer = Int8Linear(w, None)
+    layer.use_row_ops(load_row_ops())
+    rows = {}
+    if layer.rows_packed is not None:
+        rows["row kernels int8_rows_linear"] = lambda: layer.row_ops.int8_rows_linear(
+            x, layer.rows_packed, layer.rows_colsum, layer.scales
+        )
     return {
         "fp32 mm": lambda: x @ w.T,
         "_int_mm int8 x int8": lambda: torch._int_mm(x8, w8t),
@@ -43,6 +56,8 @@ def kernels(m: int) -> dict:
         "_weight_int4pack_mm_for_cpu": lambda: torch._weight_int4pack_mm_for_cpu(
             x, packed, group, scales_zeros
         ),
+        **rows,
+        "Int8Linear (the executor's int8 layer)": lambda: layer(x),
     }
 
 
@@ -54,7 +69,15 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/cpu_linear_kernels.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = {"shape": [K, N], "threads": args.threads, "load": os.getloadavg(), "ms": {}}
+    results = {
+        "shape": [K, N],
+        "threads": args.threads,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "int_mm_fast_path": int_mm_has_fast_path(),
+        "row_kernels": load_row_ops() is not None,
+        "load": os.getloadavg(),
+        "ms": {},
+    }
     for m in (int(r) for r in args.rows.split(",")):
         row = {}
         for name, fn in kernels(m).items():

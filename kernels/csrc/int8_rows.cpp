@@ -139,38 +139,70 @@ void block_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int32_t* a
                                       s20, s21, s22, s23, s30, s31, s32, s33};
   for (int i = 0; i < R * T; ++i) _mm512_storeu_si512(acc + i * TILE, sums[i]);
 #elif defined(__AVX2__)
-  // Two ymm halves per tile (8 outputs x 4 inputs each).
-  __m256i sums[R][T][2];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) sums[r][t][0] = sums[r][t][1] = _mm256_setzero_si256();
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t g = 0; g < groups; ++g) {
-    __m256i tiles[T][2];
-    for (int t = 0; t < T; ++t) {
-      const int8_t* p = w + (g * T + t) * TILE * GROUP;
-      tiles[t][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      tiles[t][1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-    }
-    for (int r = 0; r < R; ++r) {
+  // AVX2 has sixteen ymm registers. One row: its eight sums (two halves of each of the four
+  // tiles) stay in registers, the weights are operands read as they stream (a decode step:
+  // 1.23x faster than the path below, which keeps the four tiles in registers too and spills).
+  // Several rows: the path below, whose tiles, loaded once per group, serve every row (one
+  // row per pass over an L2-resident block was slower for 2 to 8 rows; docs/benchmarks.md).
+  if constexpr (R == 1) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i s0 = zero, s1 = zero, s2 = zero, s3 = zero, s4 = zero, s5 = zero, s6 = zero,
+            s7 = zero;
+    for (int64_t g = 0; g < groups; ++g) {
       int32_t four;
-      std::memcpy(&four, q + r * in_padded + g * GROUP, 4);
+      std::memcpy(&four, q + g * GROUP, 4);
       // q - 128 as s8; its magnitude as u8 and its sign moved onto the weights.
       const __m256i a = _mm256_xor_si256(_mm256_set1_epi32(four), shift);
       const __m256i magnitude = _mm256_sign_epi8(a, a);
-      for (int t = 0; t < T; ++t)
-        for (int h = 0; h < 2; ++h) {
-          const __m256i signed_w = _mm256_sign_epi8(tiles[t][h], a);
-          const __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_w);
-          sums[r][t][h] = _mm256_add_epi32(sums[r][t][h], _mm256_madd_epi16(pairs, ones));
-        }
+      const int8_t* wg = w + g * T * TILE * GROUP;  // half k of the group: tile k / 2, half k % 2
+      auto step = [&](__m256i& sum, int k) {
+        const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + k * 32));
+        const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(half, a));
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+      };
+      step(s0, 0), step(s1, 1), step(s2, 2), step(s3, 3);
+      step(s4, 4), step(s5, 5), step(s6, 6), step(s7, 7);
     }
+    // Half k's eight sums are outputs t * 16 + h * 8 .. + 7 = k * 8 .. + 7 of the block.
+    const __m256i sums[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (int k = 0; k < 8; ++k)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + k * 8), sums[k]);
+  } else {
+    // Two ymm halves per tile (8 outputs x 4 inputs each).
+    __m256i sums[R][T][2];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) sums[r][t][0] = sums[r][t][1] = _mm256_setzero_si256();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256i tiles[T][2];
+      for (int t = 0; t < T; ++t) {
+        const int8_t* p = w + (g * T + t) * TILE * GROUP;
+        tiles[t][0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        tiles[t][1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, q + r * in_padded + g * GROUP, 4);
+        // q - 128 as s8; its magnitude as u8 and its sign moved onto the weights.
+        const __m256i a = _mm256_xor_si256(_mm256_set1_epi32(four), shift);
+        const __m256i magnitude = _mm256_sign_epi8(a, a);
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < 2; ++h) {
+            const __m256i signed_w = _mm256_sign_epi8(tiles[t][h], a);
+            const __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_w);
+            sums[r][t][h] = _mm256_add_epi32(sums[r][t][h], _mm256_madd_epi16(pairs, ones));
+          }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < 2; ++h)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * T * TILE + t * TILE + h * 8),
+                              sums[r][t][h]);
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < 2; ++h)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * T * TILE + t * TILE + h * 8),
-                            sums[r][t][h]);
 #else
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)

@@ -62,7 +62,8 @@ CASES = [
     Case(
         "cpu_linear_kernels",
         lambda m, out: ["--rows", "1", "--repeats", "1", "--threads", "1", "--json", str(out)],
-        ("shape", "ms.1.fp32 mm", "ms.1._int_mm int8 x int8"),
+        ("shape", "int_mm_fast_path", "ms.1.fp32 mm", "ms.1._int_mm int8 x int8",
+         "ms.1.Int8Linear (the executor's int8 layer)"),
     ),
     Case(
         "decode_weight_streaming",
