@@ -140,13 +140,14 @@ void block_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int32_t* a
   for (int i = 0; i < R * T; ++i) _mm512_storeu_si512(acc + i * TILE, sums[i]);
 #elif defined(__AVX2__)
   // AVX2 has sixteen ymm registers. One row: its eight sums (two halves of each of the four
-  // tiles) stay in registers, the weights are operands read as they stream (a decode step:
-  // 1.23x faster than the path below, which keeps the four tiles in registers too and spills).
-  // Several rows: the path below, whose tiles, loaded once per group, serve every row (one
-  // row per pass over an L2-resident block was slower for 2 to 8 rows; docs/benchmarks.md).
+  // tiles) stay in registers, the weights are operands read as they stream (faster for a
+  // decode row than the path below, which keeps the four tiles in registers too and spills;
+  // docs/benchmarks.md, "Prompt chunks on CPUs without VNNI"). Several rows: the path below,
+  // whose tiles, loaded once per group, serve every row (one row per pass over an
+  // L2-resident block was slower for 2 to 8 rows).
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
   if constexpr (R == 1) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
     const __m256i zero = _mm256_setzero_si256();
     __m256i s0 = zero, s1 = zero, s2 = zero, s3 = zero, s4 = zero, s5 = zero, s6 = zero,
             s7 = zero;
@@ -174,8 +175,6 @@ void block_pass(const uint8_t* q, int64_t in_padded, const int8_t* w, int32_t* a
     __m256i sums[R][T][2];
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < T; ++t) sums[r][t][0] = sums[r][t][1] = _mm256_setzero_si256();
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int64_t g = 0; g < groups; ++g) {
       __m256i tiles[T][2];
       for (int t = 0; t < T; ++t) {

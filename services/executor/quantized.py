@@ -35,6 +35,7 @@ all the rows.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import warnings
 
@@ -180,7 +181,9 @@ class Int8Linear(nn.Module):
         # without the bias, which forward() adds once fbgemm_rows has scaled its rows back.
         self.few_rows = None
         self.row_ops = None  # the CPU row kernels' ops, set by use_row_ops
-        self.rows_max: int | None = INT8_ROWS_MAX_ROWS  # their largest call; None: any
+        # Their largest call: without a fast _int_mm they take calls of every size (streaming
+        # the weights once per four rows still beats fp32's GEMM there; docs/benchmarks.md).
+        self.rows_max = INT8_ROWS_MAX_ROWS if int_mm_has_fast_path() else sys.maxsize
         # The row kernels' copy of the weights (pack_int8_rows), made by use_row_ops.
         self.rows_packed: torch.Tensor | None = None
         self.rows_colsum: torch.Tensor | None = None
@@ -194,9 +197,6 @@ class Int8Linear(nn.Module):
         `--int8-decode-kernel int_mm`). Their copy of the weights replaces fbgemm's, which no
         call would take any more (None: fbgemm's back)."""
         self.row_ops = row_ops
-        # Without a fast _int_mm the row kernels take calls of every size: streaming the
-        # weights once per four rows still beats fp32's GEMM there (docs/benchmarks.md).
-        self.rows_max = INT8_ROWS_MAX_ROWS if int_mm_has_fast_path() else None
         if row_ops is not None and self.decode_kernel:
             if self.rows_packed is None:
                 self.rows_packed, self.rows_colsum = pack_int8_rows(self.qweight_t.t())
@@ -220,12 +220,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
         if x.dtype != torch.float32:  # (a dispatch saved per call where it is already)
             x = x.float()
-        rows = x.shape[0]
-        if (
-            self.rows_packed is not None
-            and 0 < rows
-            and (self.rows_max is None or rows <= self.rows_max)
-        ):
+        if self.rows_packed is not None and 0 < x.shape[0] <= self.rows_max:
             out = self.row_ops.int8_rows_linear(
                 x.contiguous(), self.rows_packed, self.rows_colsum, self.scales
             )
