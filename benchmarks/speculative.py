@@ -9,7 +9,11 @@ Workloads, streamed /v1/completions of prompt token ids, greedy, max_tokens with
   random  random prompt token ids (nothing to look up: speculation's worst case).
 Every server is started first and waits idle; then for each workload and concurrency every
 server gets the same prompts in turn (one server under load at a time), with at most
-`concurrency` requests in flight. Acceptance is read from pagedserve's /metrics around each run.
+`concurrency` requests in flight. With --repeats N that is done N times, each round starting
+from the next server, so that drift in the machine's load falls on every server alike; a
+server's figures are then its median round's (by throughput), every round kept beside them,
+and the table adds each server's throughput against the first one's, round by round.
+Acceptance is read from pagedserve's /metrics around each run.
 Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/speculative.py --llama-server /path/llama-server
@@ -21,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import re
 import shlex
 import subprocess
@@ -33,67 +36,9 @@ from pathlib import Path
 from services.bench.http_load import run_load
 from services.bench.latency import summarize
 from services.bench.server import free_port, stop_process_group, wait_healthy, wait_ready_url
+from services.bench.spec_prompts import random_prompts, workload_prompts
 from services.bench.traces import TraceRequest
 from shared.model_source import embedded_gguf_path, resolve_model
-
-CALIBRATION_TEXT = Path(__file__).resolve().parents[1] / "services/executor/calibration_text.txt"
-NAMES = ("total", "count", "price", "items", "result", "value", "index", "scale", "offset")
-CODE = '''def {fn}({a}, {b}):
-    """Return the weighted {a} of every entry in {b}."""
-    {c} = 0
-    for entry in {b}:
-        if entry is None:
-            continue
-        {c} += entry * {a}
-    if {c} < 0:
-        raise ValueError("negative {c}")
-    return {c}
-
-
-def {fn}_all(groups, {a}):
-    return [{fn}({a}, group) for group in groups]
-'''
-
-
-def repeat_prompts(tokenizer, n: int, words: int, seed: int) -> list[list[int]]:
-    text = CALIBRATION_TEXT.read_text().split()
-    rng = random.Random(seed)
-    prompts = []
-    for _ in range(n):
-        start = rng.randrange(0, len(text) - words)
-        passage = " ".join(text[start : start + words])
-        message = f"Repeat the following text exactly, word for word.\n\n{passage}"
-        prompts.append(_chat(tokenizer, message))
-    return prompts
-
-
-def code_prompts(tokenizer, n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    prompts = []
-    for _ in range(n):
-        a, b, c, new = rng.sample(NAMES, 4)
-        fn = rng.choice(("weigh", "accumulate", "combine", "tally"))
-        code = CODE.format(fn=fn, a=a, b=b, c=c)
-        message = (
-            f"Rename the variable `{c}` to `{new}` in this Python code and return the "
-            f"complete code.\n\n```python\n{code}```"
-        )
-        prompts.append(_chat(tokenizer, message))
-    return prompts
-
-
-def random_prompts(vocab_size: int, n: int, length: int, seed: int) -> list[list[int]]:
-    # Ids from the ordinary part of the vocabulary, as benchmarks/cpu_serving.py.
-    rng = random.Random(seed)
-    low, high = min(1000, vocab_size // 2), min(40000, vocab_size)
-    return [[rng.randrange(low, high) for _ in range(length)] for _ in range(n)]
-
-
-def _chat(tokenizer, message: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
-    )
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 class Server:
@@ -185,6 +130,33 @@ class Server:
         self.log.close()
 
 
+ROUND_KEYS = ("output_throughput", "mean_tpot_s", "mean_ttft_s", "load_avg_1m")
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """The round of median throughput (the lower middle one of an even count), with every
+    round's main figures under "rounds" when there was more than one."""
+    ok = [r for r in rounds if "error" not in r]
+    if not ok:
+        return rounds[0]
+    ranked = sorted(ok, key=lambda r: r.get("output_throughput", 0.0))
+    summary = dict(ranked[(len(ranked) - 1) // 2])
+    if len(rounds) > 1:
+        summary["rounds"] = [{k: r.get(k) for k in ROUND_KEYS} for r in rounds]
+    return summary
+
+
+def round_ratios(summary: dict, first: dict) -> list[float]:
+    """A server's throughput over the first server's in each round (rounds ran side by side)."""
+    mine = summary.get("rounds") or [summary]
+    theirs = first.get("rounds") or [first]
+    return [
+        a["output_throughput"] / b["output_throughput"]
+        for a, b in zip(mine, theirs)
+        if a.get("output_throughput") and b.get("output_throughput")
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -223,6 +195,7 @@ def main() -> None:
     parser.add_argument("--random-input-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every measurement")
     parser.add_argument("--output", default="benchmarks/results/speculative.json")
     args = parser.parse_args()
 
@@ -280,34 +253,43 @@ def main() -> None:
             server.measure(warmup, 8, 2)
         for w, workload in enumerate(workloads):
             for c, (concurrency, num_requests) in enumerate(levels):
-                seed = args.seed * 1000 + w * 100 + c
-                if workload == "repeat":
-                    prompts = repeat_prompts(tokenizer, num_requests, args.passage_words, seed)
-                elif workload == "code":
-                    prompts = code_prompts(tokenizer, num_requests, seed)
-                else:
-                    prompts = random_prompts(
-                        len(tokenizer), num_requests, args.random_input_len, seed
-                    )
-                print(f"-- {workload}, concurrency {concurrency}", flush=True)
+                rounds: dict[str, list[dict]] = {s.label: [] for s in servers}
+                for r in range(args.repeats):
+                    # New prompts each round: a repeated prompt would hit the prefix cache.
+                    seed = args.seed * 1000 + w * 100 + c + r * 100_000
+                    prompts = workload_prompts(
+                        workload, tokenizer, num_requests, seed, args.passage_words,
+                        args.random_input_len,
+                    )  # fmt: skip
+                    print(f"-- {workload}, concurrency {concurrency}, round {r + 1}", flush=True)
+                    for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
+                        summary = server.measure(prompts, args.output_len, concurrency)
+                        rounds[server.label].append(summary)
                 for server in servers:
-                    summary = server.measure(prompts, args.output_len, concurrency)
-                    server.results.setdefault(workload, {})[str(concurrency)] = summary
+                    server.results.setdefault(workload, {})[str(concurrency)] = median_round(
+                        rounds[server.label]
+                    )
     finally:
         for server in servers:
             server.stop()
 
-    print(f"\n{'workload':8} {'c':>3} {'server':24} {'out tok/s':>10} {'TPOT ms':>8} {'acc':>5}")
+    print(
+        f"\n{'workload':8} {'c':>3} {'server':24} {'out tok/s':>10} {'TPOT ms':>8} {'acc':>5}"
+        f"  throughput / {servers[0].label}, per round"
+    )
     for workload in workloads:
         for concurrency, _ in levels:
+            first = servers[0].results.get(workload, {}).get(str(concurrency), {})
             for server in servers:
                 r = server.results.get(workload, {}).get(str(concurrency), {})
                 rate = r.get("acceptance_rate")
+                ratios = round_ratios(r, first)
                 print(
                     f"{workload:8} {concurrency:>3} {server.label:24} "
                     f"{r.get('output_throughput', 0):>10.1f} "
                     f"{r.get('mean_tpot_s', 0) * 1e3:>8.1f} "
                     f"{'' if rate is None else f'{rate:.2f}':>5}"
+                    f"  {' '.join(f'{x:.2f}' for x in ratios)}"
                 )
     report = {
         "workload": {
@@ -318,6 +300,7 @@ def main() -> None:
             "random_input_len": args.random_input_len,
             "num_speculative_tokens": k,
             "threads": args.threads,
+            "repeats": args.repeats,
         },
         "argv": sys.argv,
         "cpu": os.cpu_count(),
