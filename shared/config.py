@@ -323,6 +323,13 @@ class SpeculativeConfig:
         2, "--speculative-max-batch",
         "speculate only while the running batch has at most this many sequences",
     )  # fmt: skip
+    # Off: every eligible sequence proposes at every step under max_batch. On: proposals join
+    # a step only while their measured acceptance and cost say they raise its tokens per second
+    # (services/scheduler/speculation_gate.py), so a draft that rarely agrees stops costing.
+    adaptive: bool = flag(
+        True, "--no-speculative-adaptive",
+        "propose at every step under --speculative-max-batch, whether or not it has been paying",
+    )  # fmt: skip
     draft_model: str | None = flag(
         None, "--draft-model",
         "the draft model of --speculative-method draft: a local HF directory, .gguf file or "

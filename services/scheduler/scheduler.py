@@ -313,6 +313,10 @@ class Scheduler:
         spec_room = 0
         if self.speculation is not None and self.speculation.active(self.num_running_seqs):
             spec_room = budget - self.num_running_seqs
+            decodes_only = not (self.waiting or self.swapped) and all(
+                s.num_uncomputed_tokens <= 1 for g in self.running for s in g.live_seqs()
+            )
+            self.speculation.start_step(self.num_running_seqs, decodes_only)
         for group in budget_order(self.running, self.config.budget_order):
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
@@ -569,6 +573,9 @@ class Scheduler:
         sampled = {t.seq_id: t for t in result.tokens}
         if self.speculation is not None:
             self.speculation.record(result.num_proposed, result.num_accepted)
+            if result.timings and all(_decodes(e) for e in entries):
+                seconds = sum(result.timings.values())
+                self.speculation.step_timed(len(entries), result.num_proposed, seconds)
             runs: dict[int, list[SampledToken]] = {}
             for token in result.tokens:  # a speculating sequence's tokens are consecutive
                 runs.setdefault(token.seq_id, []).append(token)
@@ -587,7 +594,9 @@ class Scheduler:
                 seq.layer_part = None
             if entry.spec_tokens:
                 update = updates.setdefault(group.request_id, GroupUpdate(group))
-                self._take_verified(entry, runs[seq.seq_id], update)
+                run = runs[seq.seq_id]
+                self.speculation.verified(seq.seq_id, len(entry.spec_tokens), len(run) - 1)
+                self._take_verified(entry, run, update)
                 self._remove_if_done(group, updates)
                 continue
             seq.num_computed_tokens += entry.num_new_tokens
@@ -784,6 +793,8 @@ class Scheduler:
         seq.finish_reason = reason
         self.block_manager.free(seq.seq_id)
         self.plans.freed_seq_ids.append(seq.seq_id)
+        if self.speculation is not None:
+            self.speculation.forget(seq.seq_id)
         if group.is_finished:
             self.groups.pop(group.request_id, None)
 
@@ -796,3 +807,9 @@ class Scheduler:
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id - 1
+
+
+def _decodes(entry: PlanEntry) -> bool:
+    """Whether the entry is one decode row (with its proposals, if any): steps made only of
+    such entries time the speculation gate's costs."""
+    return entry.layers is None and entry.num_new_tokens == 1 + len(entry.spec_tokens)

@@ -69,7 +69,7 @@ def test_speculation_and_preemption_give_the_reference_layers_tokens(
     config = engine_config(
         tiny_model_dir, block_size=4, num_device_blocks=40, preemption_mode=preemption
     )
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000)
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000, adaptive=False)
     config = dataclasses.replace(config, speculative=spec)
     sampling = dataclasses.replace(GREEDY, n=2, temperature=0.0)
     reference, _ = run_checked(_kernels(config, "off"), REPETITIVE, sampling)
@@ -90,7 +90,7 @@ def test_int8_speculation_keeps_plain_decodings_tokens(tiny_model_dir, num_token
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, quantization="int8")
     )
-    spec = SpeculativeConfig(method="ngram", num_tokens=num_tokens, max_batch=1000)
+    spec = SpeculativeConfig(method="ngram", num_tokens=num_tokens, max_batch=1000, adaptive=False)
     plain, engine = run_checked(config, REPETITIVE, GREEDY)
     layers = [m for m in engine.executor.model.modules() if isinstance(m, Int8Linear)]
     assert layers and all(m.rows_packed is not None for m in layers)
@@ -108,7 +108,7 @@ def test_the_int8_stack_in_one_call_gives_the_layer_loops_bits(tiny_model_dir, m
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, quantization="int8")
     )
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000)
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000, adaptive=False)
     config = dataclasses.replace(config, speculative=spec)
     logits: dict[str, list] = {"one call": [], "loop": []}
     stacks: list[bool] = []

@@ -22,7 +22,9 @@ GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
 @pytest.mark.parametrize(("k", "n_min", "n_max"), [(3, 1, 4), (5, 1, 2)])
 def test_replay_counts_equal_the_engines_counters(tiny_model_dir, k, n_min, n_max):
-    spec = SpeculativeConfig(method="ngram", num_tokens=k, ngram_min=n_min, ngram_max=n_max)
+    spec = SpeculativeConfig(
+        method="ngram", num_tokens=k, ngram_min=n_min, ngram_max=n_max, adaptive=False
+    )
     config = dataclasses.replace(engine_config(tiny_model_dir, block_size=8), speculative=spec)
     replayed = ReplayCounts()
     with LLMEngine(config) as engine:

@@ -36,9 +36,10 @@ def layer_skip_dir(tiny_model_dir, tmp_path_factory):
 
 
 def _draft(config: EngineConfig, draft_dir, k: int = 3) -> EngineConfig:
-    # max_batch above every batch here: these tests are about correctness, not the rule.
+    # max_batch above every batch here and no gate: these tests are about correctness, not
+    # the rules of when to speculate.
     spec = SpeculativeConfig(
-        method="draft", num_tokens=k, max_batch=1000, draft_model=str(draft_dir)
+        method="draft", num_tokens=k, max_batch=1000, draft_model=str(draft_dir), adaptive=False
     )
     return dataclasses.replace(config, speculative=spec)
 

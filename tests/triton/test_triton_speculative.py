@@ -28,7 +28,7 @@ def _greedy(model_dir, prompts, backend: str, speculative: SpeculativeConfig | N
 
 def test_triton_speculative_greedy_tokens_equal_plain_torch_decoding(tiny_model_dir):
     prompts = [p * 3 for p in random_prompts([5, 9], 384, seed=1)]
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=8)
+    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=8, adaptive=False)
     plain, _ = _greedy(tiny_model_dir, prompts, "torch", None)
     verified, speculation = _greedy(tiny_model_dir, prompts, "triton", spec)
     assert verified == plain
@@ -38,7 +38,9 @@ def test_triton_speculative_greedy_tokens_equal_plain_torch_decoding(tiny_model_
 def test_triton_draft_greedy_tokens_equal_plain_torch_decoding(tiny_model_dir, tmp_path):
     draft_dir = make_layer_skip_draft(tiny_model_dir, tmp_path / "draft", [0])
     prompts = random_prompts([5, 19], 384, seed=1)
-    spec = SpeculativeConfig(method="draft", num_tokens=3, max_batch=8, draft_model=str(draft_dir))
+    spec = SpeculativeConfig(
+        method="draft", num_tokens=3, max_batch=8, draft_model=str(draft_dir), adaptive=False
+    )
     plain, _ = _greedy(tiny_model_dir, prompts, "torch", None)
     verified, speculation = _greedy(tiny_model_dir, prompts, "triton", spec)
     assert verified == plain

@@ -41,7 +41,9 @@ def test_requests_needing_their_history_inside_the_run_do_not_speculate():
 
 
 def test_proposals_never_reach_past_max_tokens():
-    spec = Speculation(SpeculativeConfig(method="ngram", num_tokens=5), max_seq_len=100)
+    spec = Speculation(
+        SpeculativeConfig(method="ngram", num_tokens=5, adaptive=False), max_seq_len=100
+    )
     group = _group()
     seq = group.seqs[0]  # 2 outputs of 10: the step may return 8 tokens, so 7 proposals
     assert spec.propose(group, seq, room=100) == [3, 1, 2]  # all the lookup has
@@ -50,7 +52,8 @@ def test_proposals_never_reach_past_max_tokens():
     seq.token_ids.append(3)
     assert spec.propose(group, seq, room=100) == []
     draft = Speculation(
-        SpeculativeConfig(method="draft", num_tokens=3, draft_model="d"), max_seq_len=100
+        SpeculativeConfig(method="draft", num_tokens=3, draft_model="d", adaptive=False),
+        max_seq_len=100,
     )
     assert draft.propose(_group(), _group().seqs[0], room=2) == [DRAFT_TOKEN] * 2
 

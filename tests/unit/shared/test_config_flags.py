@@ -40,7 +40,7 @@ EVERY_FLAG = (
     "--sim-kv-gb 2.5 --sim-overhead-ms 3 --tensor-parallel-size 2 --tp-master-addr 10.0.0.1 "
     "--tp-master-port 29500 --tp-external-workers --speculative-method draft "
     "--num-speculative-tokens 5 --ngram-min 2 --ngram-max 6 --ngram-proposals-per-match 1 "
-    "--speculative-max-batch 9 "
+    "--speculative-max-batch 9 --no-speculative-adaptive "
     "--draft-model /dm"
 ).split()
 
