@@ -17,6 +17,7 @@ recovery (recovery.py) and request validation (shared/request_limits.py).
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -127,7 +128,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_rope_recomputes = 0  # sequences recomputed as they outgrew longrope's switch
         self.prefix_reuse = PrefixReuse(self.block_size)
-        # Speculative decoding (speculation.py); None when off.
+        # Speculative decoding (speculation.py); None when off. Plans that may speculate:
+        # step_id -> when planned (the speculation gate's step costs).
+        self._spec_planned_at: dict[int, float] = {}
         self.speculation = (
             Speculation(speculative, self.max_seq_len)
             if speculative is not None and speculative.enabled
@@ -367,7 +370,15 @@ class Scheduler:
                 break
             budget -= used
 
-        return self.plans.plan(self.block_manager, entries, swap_out, swap_in, victims)
+        plan = self.plans.plan(self.block_manager, entries, swap_out, swap_in, victims)
+        if spec_room > 0:
+            # The gate's step costs: from this plan to its result, the executor's work and the
+            # trips both ways (at these batch sizes no step is planned ahead, so nothing else
+            # runs meanwhile).
+            if len(self._spec_planned_at) > 8:  # steps never answered (a lost executor)
+                self._spec_planned_at.clear()
+            self._spec_planned_at[plan.step_id] = time.perf_counter()
+        return plan
 
     def schedule_ahead(self) -> StepPlan | None:
         """Plan the next step while the one in flight runs (async scheduling), or None when the
@@ -573,8 +584,9 @@ class Scheduler:
         sampled = {t.seq_id: t for t in result.tokens}
         if self.speculation is not None:
             self.speculation.record(result.num_proposed, result.num_accepted)
-            if result.timings and all(_decodes(e) for e in entries):
-                seconds = sum(result.timings.values())
+            planned_at = self._spec_planned_at.pop(result.step_id, None)
+            if planned_at is not None and all(_decodes(e) for e in entries):
+                seconds = time.perf_counter() - planned_at
                 self.speculation.step_timed(len(entries), result.num_proposed, seconds)
             runs: dict[int, list[SampledToken]] = {}
             for token in result.tokens:  # a speculating sequence's tokens are consecutive

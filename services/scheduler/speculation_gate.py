@@ -5,9 +5,10 @@ a sequence whose proposals are each accepted with probability a (until the first
 and a step of b decoding sequences with x proposals in all takes T(b, x) = T(b, 0) + x * c(b)
 seconds. All are measured here: a per sequence from its own verify steps, shrunk towards the
 method's recent rate (so a new sequence starts from what the method has been earning); T(b, 0)
-and the cost per proposal c(b) from the executor's timings of decode-only steps (averages that
-follow drift; a draft model's passes are in c(b)). A sequence's proposals join a step only if
-they raise the step's expected tokens per second:
+and the cost per proposal c(b) from the times of decode-only steps, plan to result (averages
+that follow drift; the trips to the executor and back are in T(b, 0), a draft model's passes
+in c(b)). A sequence's proposals join a step only if they raise the step's expected tokens per
+second:
 
     (tokens + E(a, k) - 1) / T(b, x + k)  >  tokens / T(b, x)
 
@@ -17,9 +18,11 @@ would lose on every step. Costs are learnt where they can be: the first step of 
 at a batch size is plain, to time T(b, 0), and so is one in every REFRESH_PLAIN speculating
 steps after it (the context grows); until c(b) is known proposals go in, to time it. A batch
 size not timed yet borrows the nearest one's costs (at the small batches where speculation
-runs, a step's time hardly depends on b). A sequence refused PROBE_AFTER steps in a row
-proposes one token anyway, since its text may have turned repetitive; each probe that is
-rejected doubles its wait (up to MAX_PROBE_AFTER).
+runs, a step's time hardly depends on b). A refused sequence proposes one token now and then
+anyway (a probe), since its text may have turned repetitive: after as many refused steps as
+keep the probes' cost within PROBE_BUDGET of the time (a probe costs c(b), so cheap proposals,
+like prompt lookup's on a CPU, are probed every few steps and a draft model's passes every
+twenty or so), the wait doubling with each rejected probe, at most MAX_DOUBLINGS times.
 
 Refusing proposals is always correct (the sequence decodes one token), so none of this can
 change an output; it changes only how many steps the output takes.
@@ -35,9 +38,9 @@ PRIOR_WEIGHT = 2.0
 SEQ_DECAY = 0.8
 METHOD_DECAY = 0.95
 COST_EMA = 0.2  # weight of a new step time in T's running average
-PROBE_AFTER = 16
+PROBE_BUDGET = 0.05
+MAX_DOUBLINGS = 3
 REFRESH_PLAIN = 64
-MAX_PROBE_AFTER = 256
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -50,7 +53,7 @@ class _SeqStats:
     hits: float = 0.0  # accepted proposals (decayed)
     misses: float = 0.0  # rejections: one per verify step that did not accept them all
     refused: int = 0  # steps refused in a row
-    probe_after: int = PROBE_AFTER
+    rejected_probes: int = 0  # in a row
     probing: bool = False  # its last proposals went in only as a probe
 
 
@@ -87,7 +90,8 @@ class SpeculationGate:
             gain = expected_tokens(self.acceptance(stats), k) - 1.0
             now = plain + per_proposal * self._proposed
             if (self._tokens + gain) * now <= self._tokens * (now + per_proposal * k):
-                if stats.refused < stats.probe_after:
+                probe_after = round(per_proposal / (PROBE_BUDGET * plain))
+                if stats.refused < probe_after << min(stats.rejected_probes, MAX_DOUBLINGS):
                     stats.refused += 1
                     self.num_refused += k
                     return 0
@@ -112,10 +116,7 @@ class SpeculationGate:
         self.misses = self.misses * METHOD_DECAY + missed
         if stats.probing:
             stats.probing = False
-            if accepted == 0:
-                stats.probe_after = min(MAX_PROBE_AFTER, stats.probe_after * 2)
-            else:
-                stats.probe_after = PROBE_AFTER
+            stats.rejected_probes = stats.rejected_probes + 1 if accepted == 0 else 0
 
     def step_timed(self, num_seqs: int, num_proposed: int, seconds: float) -> None:
         """A decode-only step of num_seqs sequences and num_proposed proposals took seconds."""

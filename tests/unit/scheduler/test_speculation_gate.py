@@ -1,6 +1,7 @@
 """The speculation gate: proposals join a step only while their measured acceptance and cost
 raise its expected tokens per second; it explores costs it does not know and probes refused
-sequences again with one proposal, less often each time a probe is rejected."""
+sequences again with one proposal, as often as a share of the time allows and less often each
+time a probe is rejected."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import pytest
 
 from services.scheduler.speculation_gate import (
     COST_EMA,
-    MAX_PROBE_AFTER,
-    PROBE_AFTER,
+    MAX_DOUBLINGS,
     REFRESH_PLAIN,
     SpeculationGate,
     expected_tokens,
@@ -78,10 +78,10 @@ def test_a_draft_that_never_agrees_stops_speculating_and_is_probed_less_often():
             break
         gate.verified(7, 3, 0)
     assert refused_after is not None and refused_after <= 3
-    # Refused PROBE_AFTER steps in a row, it gets one probe; a probe that gains nothing
-    # doubles the wait before the next.
+    # A probe costs 1 ms a step of 10 ms: one every 2 refused steps keeps probes within 5% of
+    # the time; each rejected probe doubles the wait, at most 3 times.
     waits = []
-    for _ in range(3):
+    for _ in range(5):
         refused = 0
         gate.start_step(1, True)
         while not (taken := gate.admit(7, 3)):
@@ -90,24 +90,35 @@ def test_a_draft_that_never_agrees_stops_speculating_and_is_probed_less_often():
         assert taken == 1  # a probe proposes one token: enough to see it rejected
         gate.verified(7, 1, 0)
         waits.append(refused)
-    assert waits[0] >= PROBE_AFTER - 1
-    assert waits[1] >= 2 * PROBE_AFTER and waits[2] >= 4 * PROBE_AFTER
+    assert waits == [1, 4, 8, 16, 16]  # the first wait counts from the refusal above
     assert gate.num_refused >= 3 * sum(waits)
 
 
-def test_a_successful_probe_resets_the_wait():
+def test_costly_proposals_are_probed_rarely():
+    gate = _measured(0.010, 0.010)  # a proposal costs what a whole step does
+    for _ in range(3):
+        gate.verified(7, 3, 0)
+    refused = 0
+    gate.start_step(1, True)
+    while not gate.admit(7, 3):
+        refused += 1
+        gate.start_step(1, True)
+    assert refused == 20
+
+
+def test_an_accepted_probe_resets_the_wait():
     gate = _measured(0.010, 0.001)
     for _ in range(5):
         gate.start_step(1, True)
         gate.admit(7, 3)
         gate.verified(7, 3, 0)
     stats = gate._seqs[7]
-    stats.probe_after = MAX_PROBE_AFTER
-    stats.refused = MAX_PROBE_AFTER
+    stats.rejected_probes = MAX_DOUBLINGS
+    stats.refused = 100
     gate.start_step(1, True)
     assert gate.admit(7, 3) == 1 and stats.probing
     gate.verified(7, 1, 1)  # the text turned repetitive
-    assert stats.probe_after == PROBE_AFTER
+    assert stats.rejected_probes == 0
 
 
 def test_costly_proposals_are_refused_even_when_mostly_accepted():
