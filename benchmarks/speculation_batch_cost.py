@@ -1,9 +1,10 @@
 """What speculation costs a large batch, in the in-process engine (no HTTP, no client sharing
 the CPU): the same prompts through engines configured off and with each speculation method, all
-requests added at once with at most --max-num-seqs running, in rounds that rotate the order of
-the engines. Prints wall time and output tokens/s per run and each engine's throughput over
-the first one's round by round (the rounds' ratios are paired: same prompts, same minute);
-writes JSON.
+requests added at once with at most --max-num-seqs running. The engines run in lockstep: one
+step of each in turn (the order rotating every step), each engine's time the sum of its own
+steps, so that the machine's slow and fast spells (this one is shared) fall on every engine
+alike instead of on whichever ran in that minute. Prints each engine's time and output
+tokens/s per round and its throughput over the first engine's; writes JSON.
 
     .venv/bin/python benchmarks/speculation_batch_cost.py \\
         --engine off= --engine "ngram=--speculative-method ngram" \\
@@ -32,6 +33,49 @@ def build_engine(extra: str, common: list[str]) -> LLMEngine:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     return LLMEngine(engine_config_from_args(parser.parse_args(common + shlex.split(extra))))
+
+
+def lockstep(
+    engines: list[LLMEngine], prompts: list[list[int]], sampling: SamplingParams
+) -> list[dict]:
+    """Every engine runs the prompts, one step of each in turn; per engine its summed step
+    time, output tokens and speculation counts."""
+    counts = [_spec_counts(e) for e in engines]
+    for engine in engines:
+        for prompt in prompts:
+            engine.add_request(prompt, sampling)
+    seconds = [0.0] * len(engines)
+    tokens = [0] * len(engines)
+    step = 0
+    while any(e.has_unfinished() for e in engines):
+        n = len(engines)
+        for i in [(step + j) % n for j in range(n)]:
+            if not engines[i].has_unfinished():
+                continue
+            start = time.perf_counter()
+            updates = engines[i].step()
+            seconds[i] += time.perf_counter() - start
+            tokens[i] += sum(len(u.new_tokens) for u in updates)
+        step += 1
+    runs = []
+    for engine, before, took, made in zip(engines, counts, seconds, tokens):
+        after = _spec_counts(engine)
+        runs.append(
+            {
+                "engine_s": took,
+                "output_tokens": made,
+                "output_throughput": made / took,
+                "spec_proposed": after[0] - before[0],
+                "spec_accepted": after[1] - before[1],
+                "load_avg_1m": os.getloadavg()[0],
+            }
+        )
+    return runs
+
+
+def _spec_counts(engine: LLMEngine) -> tuple[int, int]:
+    spec = engine.scheduler.speculation
+    return (spec.num_proposed, spec.num_accepted) if spec else (0, 0)
 
 
 def main() -> None:
@@ -71,31 +115,13 @@ def main() -> None:
         for r in range(args.rounds):
             seed = args.seed * 1000 + w * 100 + r
             prompts = workload_prompts(workload, tokenizer, args.num_requests, seed)
-            order = list(range(len(engines)))
-            order = order[r % len(order) :] + order[: r % len(order)]
-            for i in order:
-                engine, label = engines[i], labels[i]
-                spec = engine.scheduler.speculation
-                before = (spec.num_proposed, spec.num_accepted) if spec else (0, 0)
-                start = time.perf_counter()
-                outputs = engine.generate(prompts, sampling)
-                wall = time.perf_counter() - start
-                tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-                after = (spec.num_proposed, spec.num_accepted) if spec else (0, 0)
-                run = {
-                    "round": r,
-                    "wall_s": wall,
-                    "output_tokens": tokens,
-                    "output_throughput": tokens / wall,
-                    "spec_proposed": after[0] - before[0],
-                    "spec_accepted": after[1] - before[1],
-                    "load_avg_1m": os.getloadavg()[0],
-                }
+            for label, run in zip(labels, lockstep(engines, prompts, sampling)):
+                run["round"] = r
                 results[label].setdefault(workload, []).append(run)
                 print(
-                    f"  {workload:7} round {r + 1}  {label:10} {wall:7.2f} s  "
-                    f"{tokens / wall:7.1f} out tok/s  proposed {run['spec_proposed']:5d}  "
-                    f"(load {run['load_avg_1m']:.1f})",
+                    f"  {workload:7} round {r + 1}  {label:10} {run['engine_s']:7.2f} s  "
+                    f"{run['output_throughput']:7.1f} out tok/s  "
+                    f"proposed {run['spec_proposed']:5d}  (load {run['load_avg_1m']:.1f})",
                     flush=True,
                 )
     summary: dict[str, dict[str, dict]] = {label: {} for label in labels}
