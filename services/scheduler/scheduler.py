@@ -131,6 +131,7 @@ class Scheduler:
         # Speculative decoding (speculation.py); None when off. Plans that may speculate:
         # step_id -> when planned (the speculation gate's step costs).
         self._spec_planned_at: dict[int, float] = {}
+        self._last_proposers: set[int] = set()  # seq_ids with proposals in the last such plan
         self.speculation = (
             Speculation(speculative, self.max_seq_len)
             if speculative is not None and speculative.enabled
@@ -374,10 +375,17 @@ class Scheduler:
         if spec_room > 0:
             # The gate's step costs: from this plan to its result, the executor's work and the
             # trips both ways (at these batch sizes no step is planned ahead, so nothing else
-            # runs meanwhile).
+            # runs meanwhile). Timed only where every proposing sequence proposed in the step
+            # before too: a draft model first catches up on every token since its last pass
+            # (a whole prompt, for a new sequence), a cost of starting, not of a proposal.
+            proposers = {e.seq.seq_id for e in entries if e.spec_tokens}
             if len(self._spec_planned_at) > 8:  # steps never answered (a lost executor)
                 self._spec_planned_at.clear()
-            self._spec_planned_at[plan.step_id] = time.perf_counter()
+            if proposers <= self._last_proposers:
+                self._spec_planned_at[plan.step_id] = time.perf_counter()
+            self._last_proposers = proposers
+        else:
+            self._last_proposers = set()
         return plan
 
     def schedule_ahead(self) -> StepPlan | None:
@@ -403,6 +411,7 @@ class Scheduler:
         # The step in flight computes position num_computed_tokens; the next one the next.
         if any(self._outgrows_rope(e.seq, e.seq.num_computed_tokens + 2) for e in ahead):
             return None  # that sequence is recomputed first (schedule())
+        self._last_proposers = set()  # this plan proposes nothing
         return self.plans.plan_ahead(self.block_manager, ahead)
 
     def _could_start_queued(self) -> bool:
@@ -587,7 +596,8 @@ class Scheduler:
             planned_at = self._spec_planned_at.pop(result.step_id, None)
             if planned_at is not None and all(_decodes(e) for e in entries):
                 seconds = time.perf_counter() - planned_at
-                self.speculation.step_timed(len(entries), result.num_proposed, seconds)
+                proposed = sum(len(e.spec_tokens) for e in entries)
+                self.speculation.step_timed(len(entries), proposed, seconds)
             runs: dict[int, list[SampledToken]] = {}
             for token in result.tokens:  # a speculating sequence's tokens are consecutive
                 runs.setdefault(token.seq_id, []).append(token)

@@ -7,8 +7,9 @@ seconds. All are measured here: a per sequence from its own verify steps, shrunk
 method's recent rate (so a new sequence starts from what the method has been earning); T(b, 0)
 and the cost per proposal c(b) from the times of decode-only steps, plan to result (averages
 that follow drift; the trips to the executor and back are in T(b, 0), a draft model's passes
-in c(b)). A sequence's proposals join a step only if they raise the step's expected tokens per
-second:
+in c(b); a step where a sequence starts speculating is not timed, since a draft model first
+catches up on every token since its last pass there). A sequence's proposals join a step only
+if they raise the step's expected tokens per second:
 
     (tokens + E(a, k) - 1) / T(b, x + k)  >  tokens / T(b, x)
 
@@ -22,7 +23,8 @@ runs, a step's time hardly depends on b). A refused sequence proposes one token 
 anyway (a probe), since its text may have turned repetitive: after as many refused steps as
 keep the probes' cost within PROBE_BUDGET of the time (a probe costs c(b), so cheap proposals,
 like prompt lookup's on a CPU, are probed every few steps and a draft model's passes every
-twenty or so), the wait doubling with each rejected probe, at most MAX_DOUBLINGS times.
+twenty or so; a draft's probe also pays its catch-up, which the budget leaves out), the
+wait doubling with each rejected probe, at most MAX_DOUBLINGS times.
 
 Refusing proposals is always correct (the sequence decodes one token), so none of this can
 change an output; it changes only how many steps the output takes.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from services.scheduler.sequence import SeqStatus, SequenceGroup
-from shared.config import SchedulerConfig
+from shared.config import SchedulerConfig, SpeculativeConfig
 from shared.protocol import ExecutorReady, SampledToken, StepPlan, StepResult
 from shared.sampling import SamplingParams
 
@@ -26,6 +26,7 @@ def make_scheduler(
     preemption_mode: str = "recompute",
     watermark: float = 0.0,
     enable_prefix_caching: bool = True,
+    speculative: SpeculativeConfig | None = None,
 ) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -43,7 +44,7 @@ def make_scheduler(
         vocab_size=VOCAB,
         eos_token_ids=(EOS,),
     )
-    return Scheduler(config, ready)
+    return Scheduler(config, ready, speculative=speculative)
 
 
 def prompt(length: int, first: int = 10) -> list[int]:

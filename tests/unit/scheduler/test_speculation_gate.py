@@ -14,6 +14,8 @@ from services.scheduler.speculation_gate import (
     SpeculationGate,
     expected_tokens,
 )
+from shared.config import SpeculativeConfig
+from tests.support.scheduler_steps import add, make_scheduler, step
 
 
 def test_expected_tokens_of_a_verify_step():
@@ -71,10 +73,10 @@ def test_cheap_rows_and_fair_acceptance_speculate():
 def test_a_draft_that_never_agrees_stops_speculating_and_is_probed_less_often():
     gate = _measured(0.010, 0.001)
     refused_after = None
-    for step in range(6):
+    for n in range(6):
         gate.start_step(1, True)
         if not gate.admit(7, 3):
-            refused_after = step
+            refused_after = n
             break
         gate.verified(7, 3, 0)
     assert refused_after is not None and refused_after <= 3
@@ -154,3 +156,28 @@ def test_the_tally_counts_proposals_already_in_the_step():
     assert gate._proposed == 3 and gate._tokens > 2.0
     gate.forget(1)
     assert 1 not in gate._seqs
+
+
+def test_a_sequences_first_speculating_step_is_not_timed():
+    """A draft model catches up on every token since its last pass in a sequence's first
+    speculating step (a whole prompt, for a new one): that step's time is a cost of starting,
+    not of its proposals, so the scheduler times only steps whose proposers proposed in the
+    step before."""
+    spec = SpeculativeConfig(method="draft", num_tokens=3, draft_model="d")
+    scheduler = make_scheduler(block_size=4, speculative=spec)
+    timed: list[tuple[int, int]] = []
+    gate = scheduler.speculation.gate
+    learn = gate.step_timed
+
+    def record(num_seqs: int, num_proposed: int, seconds: float) -> None:
+        timed.append((num_seqs, num_proposed))
+        learn(num_seqs, num_proposed, seconds)
+
+    gate.step_timed = record
+    add(scheduler, "r", 4, max_tokens=12)
+    proposed = []
+    for _ in range(4):  # the prompt, a plain decode (timed), then two speculating steps
+        plan, _ = step(scheduler)
+        proposed.append(sum(s.num_spec_tokens for s in plan.seqs))
+    assert proposed == [0, 0, 3, 3]
+    assert timed == [(1, 0), (1, 3)]  # the first speculating step is not among them
