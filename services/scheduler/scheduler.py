@@ -130,7 +130,7 @@ class Scheduler:
         self.prefix_reuse = PrefixReuse(self.block_size)
         # Speculative decoding (speculation.py); None when off. Plans that may speculate:
         # step_id -> when planned (the speculation gate's step costs).
-        self._spec_planned_at: dict[int, float] = {}
+        self._spec_planned_at: dict[int, tuple[float, bool]] = {}  # (when, starting)
         self._last_proposers: set[int] = set()  # seq_ids with proposals in the last such plan
         self.speculation = (
             Speculation(speculative, self.max_seq_len)
@@ -375,14 +375,14 @@ class Scheduler:
         if spec_room > 0:
             # The gate's step costs: from this plan to its result, the executor's work and the
             # trips both ways (at these batch sizes no step is planned ahead, so nothing else
-            # runs meanwhile). Timed only where every proposing sequence proposed in the step
-            # before too: a draft model first catches up on every token since its last pass
-            # (a whole prompt, for a new sequence), a cost of starting, not of a proposal.
+            # runs meanwhile). A step where a sequence starts proposing is a separate cost: a
+            # draft model first catches up there on every token since its last pass (a whole
+            # prompt, for a new sequence), a cost of starting, not of a proposal.
             proposers = {e.seq.seq_id for e in entries if e.spec_tokens}
             if len(self._spec_planned_at) > 8:  # steps never answered (a lost executor)
                 self._spec_planned_at.clear()
-            if proposers <= self._last_proposers:
-                self._spec_planned_at[plan.step_id] = time.perf_counter()
+            starting = not proposers <= self._last_proposers
+            self._spec_planned_at[plan.step_id] = (time.perf_counter(), starting)
             self._last_proposers = proposers
         else:
             self._last_proposers = set()
@@ -593,11 +593,11 @@ class Scheduler:
         sampled = {t.seq_id: t for t in result.tokens}
         if self.speculation is not None:
             self.speculation.record(result.num_proposed, result.num_accepted)
-            planned_at = self._spec_planned_at.pop(result.step_id, None)
-            if planned_at is not None and all(_decodes(e) for e in entries):
-                seconds = time.perf_counter() - planned_at
+            planned = self._spec_planned_at.pop(result.step_id, None)
+            if planned is not None and all(_decodes(e) for e in entries):
+                seconds = time.perf_counter() - planned[0]
                 proposed = sum(len(e.spec_tokens) for e in entries)
-                self.speculation.step_timed(len(entries), proposed, seconds)
+                self.speculation.step_timed(len(entries), proposed, seconds, planned[1])
             runs: dict[int, list[SampledToken]] = {}
             for token in result.tokens:  # a speculating sequence's tokens are consecutive
                 runs.setdefault(token.seq_id, []).append(token)

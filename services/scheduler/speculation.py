@@ -78,10 +78,12 @@ class Speculation:
         if self.gate is not None:
             self.gate.verified(seq_id, proposed, accepted)
 
-    def step_timed(self, num_seqs: int, num_proposed: int, seconds: float) -> None:
-        """A decode-only step's executor time (the gate's step costs)."""
+    def step_timed(
+        self, num_seqs: int, num_proposed: int, seconds: float, starting: bool = False
+    ) -> None:
+        """A decode-only step's time, plan to result (the gate's step costs)."""
         if self.gate is not None:
-            self.gate.step_timed(num_seqs, num_proposed, seconds)
+            self.gate.step_timed(num_seqs, num_proposed, seconds, starting)
 
     def forget(self, seq_id: int) -> None:
         if self.gate is not None:

@@ -7,9 +7,9 @@ seconds. All are measured here: a per sequence from its own verify steps, shrunk
 method's recent rate (so a new sequence starts from what the method has been earning); T(b, 0)
 and the cost per proposal c(b) from the times of decode-only steps, plan to result (averages
 that follow drift; the trips to the executor and back are in T(b, 0), a draft model's passes
-in c(b); a step where a sequence starts speculating is not timed, since a draft model first
-catches up on every token since its last pass there). A sequence's proposals join a step only
-if they raise the step's expected tokens per second:
+in c(b); a step where a sequence starts speculating is averaged apart, as the extra time S(b)
+of a start: a draft model first catches up there on every token since its last pass). A
+sequence's proposals join a step only if they raise the step's expected tokens per second:
 
     (tokens + E(a, k) - 1) / T(b, x + k)  >  tokens / T(b, x)
 
@@ -21,10 +21,9 @@ steps after it (the context grows); until c(b) is known proposals go in, to time
 size not timed yet borrows the nearest one's costs (at the small batches where speculation
 runs, a step's time hardly depends on b). A refused sequence proposes one token now and then
 anyway (a probe), since its text may have turned repetitive: after as many refused steps as
-keep the probes' cost within PROBE_BUDGET of the time (a probe costs c(b), so cheap proposals,
-like prompt lookup's on a CPU, are probed every few steps and a draft model's passes every
-twenty or so; a draft's probe also pays its catch-up, which the budget leaves out), the
-wait doubling with each rejected probe, at most MAX_DOUBLINGS times.
+keep the probes' cost, c(b) + S(b), within PROBE_BUDGET of the time (prompt lookup's cheap
+proposals on a CPU are probed every few steps, a draft model, whose probe pays its catch-up,
+far less often), the wait doubling with each rejected probe, at most MAX_DOUBLINGS times.
 
 Refusing proposals is always correct (the sequence decodes one token), so none of this can
 change an output; it changes only how many steps the output takes.
@@ -65,6 +64,7 @@ class SpeculationGate:
         self.misses = 0.0
         self.plain_seconds: dict[int, float] = {}  # b -> T(b, 0)
         self.proposal_seconds: dict[int, float] = {}  # b -> c(b)
+        self.start_seconds: dict[int, float] = {}  # b -> extra time of a step where one starts
         self._since_plain: dict[int, int] = {}  # b -> speculating steps timed since T(b, 0)
         self.num_refused = 0  # proposals kept out of steps, since start
         self._seqs: dict[int, _SeqStats] = {}
@@ -92,7 +92,8 @@ class SpeculationGate:
             gain = expected_tokens(self.acceptance(stats), k) - 1.0
             now = plain + per_proposal * self._proposed
             if (self._tokens + gain) * now <= self._tokens * (now + per_proposal * k):
-                probe_after = round(per_proposal / (PROBE_BUDGET * plain))
+                start = _nearest(self.start_seconds, self._batch) or 0.0
+                probe_after = round((per_proposal + start) / (PROBE_BUDGET * plain))
                 if stats.refused < probe_after << min(stats.rejected_probes, MAX_DOUBLINGS):
                     stats.refused += 1
                     self.num_refused += k
@@ -120,15 +121,25 @@ class SpeculationGate:
             stats.probing = False
             stats.rejected_probes = stats.rejected_probes + 1 if accepted == 0 else 0
 
-    def step_timed(self, num_seqs: int, num_proposed: int, seconds: float) -> None:
-        """A decode-only step of num_seqs sequences and num_proposed proposals took seconds."""
+    def step_timed(
+        self, num_seqs: int, num_proposed: int, seconds: float, starting: bool = False
+    ) -> None:
+        """A decode-only step of num_seqs sequences and num_proposed proposals took seconds;
+        starting: some sequence began proposing in it (its extra time is a start's cost)."""
         if num_proposed == 0:
             _average(self.plain_seconds, num_seqs, seconds)
             self._since_plain[num_seqs] = 0
             return
         plain = _nearest(self.plain_seconds, num_seqs)
-        if plain is not None:
-            _average(self.proposal_seconds, num_seqs, max(0.0, (seconds - plain) / num_proposed))
+        if plain is None:
+            return
+        if starting:
+            per_proposal = _nearest(self.proposal_seconds, num_seqs)
+            if per_proposal is not None:
+                extra = seconds - plain - per_proposal * num_proposed
+                _average(self.start_seconds, num_seqs, max(0.0, extra))
+            return
+        _average(self.proposal_seconds, num_seqs, max(0.0, (seconds - plain) / num_proposed))
         if num_seqs in self._since_plain:
             self._since_plain[num_seqs] += 1
 

@@ -158,26 +158,40 @@ def test_the_tally_counts_proposals_already_in_the_step():
     assert 1 not in gate._seqs
 
 
-def test_a_sequences_first_speculating_step_is_not_timed():
+def test_a_sequences_first_speculating_step_is_timed_as_a_start():
     """A draft model catches up on every token since its last pass in a sequence's first
-    speculating step (a whole prompt, for a new one): that step's time is a cost of starting,
-    not of its proposals, so the scheduler times only steps whose proposers proposed in the
-    step before."""
+    speculating step (a whole prompt, for a new one): that step's extra time is a cost of
+    starting, not of its proposals, and it lengthens the wait between probes."""
     spec = SpeculativeConfig(method="draft", num_tokens=3, draft_model="d")
     scheduler = make_scheduler(block_size=4, speculative=spec)
-    timed: list[tuple[int, int]] = []
+    timed: list[tuple[int, int, bool]] = []
     gate = scheduler.speculation.gate
     learn = gate.step_timed
 
-    def record(num_seqs: int, num_proposed: int, seconds: float) -> None:
-        timed.append((num_seqs, num_proposed))
-        learn(num_seqs, num_proposed, seconds)
+    def record(num_seqs: int, num_proposed: int, seconds: float, starting: bool) -> None:
+        timed.append((num_seqs, num_proposed, starting))
+        learn(num_seqs, num_proposed, seconds, starting)
 
     gate.step_timed = record
     add(scheduler, "r", 4, max_tokens=12)
     proposed = []
-    for _ in range(4):  # the prompt, a plain decode (timed), then two speculating steps
+    for _ in range(4):  # the prompt, a plain decode, then two speculating steps
         plan, _ = step(scheduler)
         proposed.append(sum(s.num_spec_tokens for s in plan.seqs))
     assert proposed == [0, 0, 3, 3]
-    assert timed == [(1, 0), (1, 3)]  # the first speculating step is not among them
+    assert timed == [(1, 0, False), (1, 3, True), (1, 3, False)]
+
+
+def test_the_cost_of_a_start_lengthens_the_wait_between_probes():
+    gate = _measured(0.010, 0.001)
+    gate.step_timed(1, 3, 0.013 + 0.019, starting=True)  # 19 ms of catch-up
+    assert gate.start_seconds[1] == pytest.approx(0.019)
+    assert gate.proposal_seconds[1] == pytest.approx(0.001)  # unchanged by the start
+    for _ in range(3):
+        gate.verified(7, 3, 0)
+    refused = 0
+    gate.start_step(1, True)
+    while not gate.admit(7, 3):
+        refused += 1
+        gate.start_step(1, True)
+    assert refused == 40  # (1 + 19) ms within 5% of 10 ms steps
