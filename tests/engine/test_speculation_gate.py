@@ -1,7 +1,7 @@
-"""The speculation gate through the in-process engine. The executor's step timings are replaced
-by fixed costs (10 ms a step, 2 ms a proposal), so that the gate decides alike on any machine:
-a draft that rarely agrees stops proposing, one that always agrees goes on speculating, and
-outputs stay those of plain decoding with the pool left exact and empty."""
+"""The speculation gate through the in-process engine. The steps' timings are replaced by fixed
+costs (10 ms a step, 2 ms a proposal, 5 ms a start), so that the gate decides alike on any
+machine: a draft that rarely agrees stops proposing, one that always agrees goes on
+speculating, and outputs stay those of plain decoding with the pool left exact and empty."""
 
 from __future__ import annotations
 
@@ -25,8 +25,13 @@ LONG_GREEDY = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 def fixed_costs(monkeypatch):
     timed = SpeculationGate.step_timed
 
-    def fixed(self, num_seqs: int, num_proposed: int, seconds: float) -> None:
-        timed(self, num_seqs, num_proposed, 0.010 + 0.002 * num_proposed)
+    def fixed(
+        self, num_seqs: int, num_proposed: int, seconds: float, starting: bool = False
+    ) -> None:
+        # A start costs what 5 ms of a draft's catch-up would.
+        timed(
+            self, num_seqs, num_proposed, 0.010 + 0.002 * num_proposed + 0.005 * starting, starting
+        )
 
     monkeypatch.setattr(SpeculationGate, "step_timed", fixed)
 
