@@ -64,6 +64,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_draft_dir(tmp_path_factory) -> Path:
+    """A smaller random model of the target's tokenizer, unrelated to it: its proposals are
+    mostly rejected (the speculative decoding tests' draft that disagrees)."""
+    return make_tiny_llama(
+        tmp_path_factory.mktemp("small-draft"), seed=1, hidden_size=32, num_layers=1,
+        num_heads=2, num_kv_heads=1,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def prompts() -> list[list[int]]:
     return random_prompts(PROMPT_LENGTHS, VOCAB, seed=1)
 

@@ -12,7 +12,7 @@ import pytest
 from services.scheduler.speculation_gate import SpeculationGate
 from shared.config import SpeculativeConfig
 from shared.sampling import SamplingParams
-from tests.factories import engine_config, make_tiny_llama, random_prompts
+from tests.factories import engine_config, random_prompts
 from tests.support.engine_runs import GREEDY
 from tests.support.reference_model import VOCAB
 from tests.support.speculation import run_checked
@@ -36,23 +36,14 @@ def fixed_costs(monkeypatch):
     monkeypatch.setattr(SpeculationGate, "step_timed", fixed)
 
 
-@pytest.fixture(scope="module")
-def disagreeing_draft_dir(tmp_path_factory):
-    """A random model of the same tokenizer, unrelated to the target: proposals rejected."""
-    return make_tiny_llama(
-        tmp_path_factory.mktemp("disagreeing-draft"), seed=1, hidden_size=32, num_layers=1,
-        num_heads=2, num_kv_heads=1,
-    )  # fmt: skip
-
-
 def _spec(config, adaptive: bool, **spec):
     speculative = SpeculativeConfig(num_tokens=3, max_batch=1000, adaptive=adaptive, **spec)
     return dataclasses.replace(config, speculative=speculative)
 
 
-def test_a_disagreeing_draft_stops_proposing(fixed_costs, tiny_model_dir, disagreeing_draft_dir):
+def test_a_disagreeing_draft_stops_proposing(fixed_costs, tiny_model_dir, small_draft_dir):
     config = engine_config(tiny_model_dir, block_size=8)
-    draft = {"method": "draft", "draft_model": str(disagreeing_draft_dir)}
+    draft = {"method": "draft", "draft_model": str(small_draft_dir)}
     plain, _ = run_checked(config, REPETITIVE, LONG_GREEDY)
     always, always_engine = run_checked(_spec(config, False, **draft), REPETITIVE, LONG_GREEDY)
     gated, gated_engine = run_checked(_spec(config, True, **draft), REPETITIVE, LONG_GREEDY)

@@ -21,15 +21,6 @@ from tests.support.speculation import run_checked as _run
 
 
 @pytest.fixture(scope="module")
-def small_draft_dir(tmp_path_factory):
-    """A smaller random model of the same tokenizer: its proposals are mostly rejected."""
-    return make_tiny_llama(
-        tmp_path_factory.mktemp("small-draft"), seed=1, hidden_size=32, num_layers=1,
-        num_heads=2, num_kv_heads=1,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
 def layer_skip_dir(tiny_model_dir, tmp_path_factory):
     """The target's first layer with its head: proposals partly accepted."""
     return make_layer_skip_draft(tiny_model_dir, tmp_path_factory.mktemp("layer-skip"), [0])

@@ -32,6 +32,16 @@ def _measured(plain_s: float, per_proposal_s: float) -> SpeculationGate:
     return gate
 
 
+def _refusals_until_taken(gate: SpeculationGate, seq_id: int) -> int:
+    """Steps of one sequence at batch 1 refused before its proposals are taken (a probe)."""
+    refused = 0
+    gate.start_step(1, True)
+    while not gate.admit(seq_id, 3):
+        refused += 1
+        gate.start_step(1, True)
+    return refused
+
+
 def test_costs_are_learnt_plain_first_then_with_proposals():
     gate = SpeculationGate()
     gate.start_step(1, False)
@@ -100,12 +110,7 @@ def test_costly_proposals_are_probed_rarely():
     gate = _measured(0.010, 0.010)  # a proposal costs what a whole step does
     for _ in range(3):
         gate.verified(7, 3, 0)
-    refused = 0
-    gate.start_step(1, True)
-    while not gate.admit(7, 3):
-        refused += 1
-        gate.start_step(1, True)
-    assert refused == 20
+    assert _refusals_until_taken(gate, 7) == 20
 
 
 def test_an_accepted_probe_resets_the_wait():
@@ -189,9 +194,4 @@ def test_the_cost_of_a_start_lengthens_the_wait_between_probes():
     assert gate.proposal_seconds[1] == pytest.approx(0.001)  # unchanged by the start
     for _ in range(3):
         gate.verified(7, 3, 0)
-    refused = 0
-    gate.start_step(1, True)
-    while not gate.admit(7, 3):
-        refused += 1
-        gate.start_step(1, True)
-    assert refused == 40  # (1 + 19) ms within 5% of 10 ms steps
+    assert _refusals_until_taken(gate, 7) == 40  # (1 + 19) ms within 5% of 10 ms steps
