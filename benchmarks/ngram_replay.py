@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import itertools
 import json
 import os
@@ -24,6 +23,7 @@ import sys
 from pathlib import Path
 
 from services.bench.ngram_replay import ReplayCounts, lookup_bound_stream, replay_stream
+from services.bench.spec_prompts import workload_prompts
 from shared.config import SpeculativeConfig
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -31,16 +31,6 @@ BENCHMARKS = Path(__file__).resolve().parent
 LEVELS = ((1, 4), (4, 8), (64, 64))
 WORKLOADS = ("repeat", "code")
 SETTINGS = ("num_tokens", "ngram_min", "ngram_max", "ngram_proposals_per_match")
-
-
-def _speculative_benchmark():
-    """benchmarks/speculative.py as a module: its prompt builders, so the prompts are its own."""
-    spec = importlib.util.spec_from_file_location(
-        "speculative_bench", BENCHMARKS / "speculative.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def generate_streams(args: argparse.Namespace) -> dict:
@@ -51,7 +41,6 @@ def generate_streams(args: argparse.Namespace) -> dict:
     from shared.model_source import resolve_model
     from shared.sampling import SamplingParams
 
-    bench = _speculative_benchmark()
     model_dir = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or model_dir, local_files_only=True)
     config = EngineConfig(
@@ -63,12 +52,9 @@ def generate_streams(args: argparse.Namespace) -> dict:
         for w, workload in enumerate(WORKLOADS):
             for c, (concurrency, num_requests) in enumerate(args.levels):
                 seed = w * 100 + c  # benchmarks/speculative.py with --seed 0
-                if workload == "repeat":
-                    prompts = bench.repeat_prompts(
-                        tokenizer, num_requests, args.passage_words, seed
-                    )
-                else:
-                    prompts = bench.code_prompts(tokenizer, num_requests, seed)
+                prompts = workload_prompts(
+                    workload, tokenizer, num_requests, seed, args.passage_words
+                )
                 # `concurrency` requests at a time, as served (a batch may round differently).
                 outputs = []
                 for at in range(0, len(prompts), concurrency):
