@@ -4,9 +4,9 @@ repeat, code to edit) and random token ids (nothing to copy)."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
-CALIBRATION_TEXT = Path(__file__).resolve().parents[1] / "executor/calibration_text.txt"
+from services.executor.smoothing import CALIBRATION_TEXT
+
 NAMES = ("total", "count", "price", "items", "result", "value", "index", "scale", "offset")
 CODE = '''def {fn}({a}, {b}):
     """Return the weighted {a} of every entry in {b}."""

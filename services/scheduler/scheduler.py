@@ -17,7 +17,6 @@ recovery (recovery.py) and request validation (shared/request_limits.py).
 from __future__ import annotations
 
 import functools
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -128,10 +127,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_rope_recomputes = 0  # sequences recomputed as they outgrew longrope's switch
         self.prefix_reuse = PrefixReuse(self.block_size)
-        # Speculative decoding (speculation.py); None when off. Plans that may speculate:
-        # step_id -> when planned (the speculation gate's step costs).
-        self._spec_planned_at: dict[int, tuple[float, bool]] = {}  # (when, starting)
-        self._last_proposers: set[int] = set()  # seq_ids with proposals in the last such plan
+        # Speculative decoding (speculation.py); None when off.
         self.speculation = (
             Speculation(speculative, self.max_seq_len)
             if speculative is not None and speculative.enabled
@@ -317,10 +313,8 @@ class Scheduler:
         spec_room = 0
         if self.speculation is not None and self.speculation.active(self.num_running_seqs):
             spec_room = budget - self.num_running_seqs
-            decodes_only = not (self.waiting or self.swapped) and all(
-                s.num_uncomputed_tokens <= 1 for g in self.running for s in g.live_seqs()
-            )
-            self.speculation.start_step(self.num_running_seqs, decodes_only)
+            queued = bool(self.waiting or self.swapped)
+            self.speculation.start_step(self.num_running_seqs, self.running, queued)
         for group in budget_order(self.running, self.config.budget_order):
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
@@ -372,20 +366,8 @@ class Scheduler:
             budget -= used
 
         plan = self.plans.plan(self.block_manager, entries, swap_out, swap_in, victims)
-        if spec_room > 0:
-            # The gate's step costs: from this plan to its result, the executor's work and the
-            # trips both ways (at these batch sizes no step is planned ahead, so nothing else
-            # runs meanwhile). A step where a sequence starts proposing is a separate cost: a
-            # draft model first catches up there on every token since its last pass (a whole
-            # prompt, for a new sequence), a cost of starting, not of a proposal.
-            proposers = {e.seq.seq_id for e in entries if e.spec_tokens}
-            if len(self._spec_planned_at) > 8:  # steps never answered (a lost executor)
-                self._spec_planned_at.clear()
-            starting = not proposers <= self._last_proposers
-            self._spec_planned_at[plan.step_id] = (time.perf_counter(), starting)
-            self._last_proposers = proposers
-        else:
-            self._last_proposers = set()
+        if self.speculation is not None:
+            self.speculation.planned(plan.step_id, entries if spec_room > 0 else None)
         return plan
 
     def schedule_ahead(self) -> StepPlan | None:
@@ -411,8 +393,10 @@ class Scheduler:
         # The step in flight computes position num_computed_tokens; the next one the next.
         if any(self._outgrows_rope(e.seq, e.seq.num_computed_tokens + 2) for e in ahead):
             return None  # that sequence is recomputed first (schedule())
-        self._last_proposers = set()  # this plan proposes nothing
-        return self.plans.plan_ahead(self.block_manager, ahead)
+        plan = self.plans.plan_ahead(self.block_manager, ahead)
+        if self.speculation is not None:
+            self.speculation.planned(plan.step_id, None)
+        return plan
 
     def _could_start_queued(self) -> bool:
         """Whether schedule() might admit or swap in the head of the queues now. Errs towards
@@ -593,11 +577,7 @@ class Scheduler:
         sampled = {t.seq_id: t for t in result.tokens}
         if self.speculation is not None:
             self.speculation.record(result.num_proposed, result.num_accepted)
-            planned = self._spec_planned_at.pop(result.step_id, None)
-            if planned is not None and all(_decodes(e) for e in entries):
-                seconds = time.perf_counter() - planned[0]
-                proposed = sum(len(e.spec_tokens) for e in entries)
-                self.speculation.step_timed(len(entries), proposed, seconds, planned[1])
+            self.speculation.reported(result.step_id, entries)
             runs: dict[int, list[SampledToken]] = {}
             for token in result.tokens:  # a speculating sequence's tokens are consecutive
                 runs.setdefault(token.seq_id, []).append(token)
@@ -829,9 +809,3 @@ class Scheduler:
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id - 1
-
-
-def _decodes(entry: PlanEntry) -> bool:
-    """Whether the entry is one decode row (with its proposals, if any): steps made only of
-    such entries time the speculation gate's costs."""
-    return entry.layers is None and entry.num_new_tokens == 1 + len(entry.spec_tokens)

@@ -14,12 +14,18 @@ step only while they pay for their rows there (speculation_gate.py).
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
 from services.scheduler.ngram_proposer import propose_ngram
 from services.scheduler.sequence import Sequence, SequenceGroup
 from services.scheduler.speculation_gate import SpeculationGate
 from services.scheduler.stop_rules import max_output_tokens
 from shared.config import SpeculativeConfig
 from shared.protocol import DRAFT_TOKEN
+
+if TYPE_CHECKING:
+    from services.scheduler.step_plans import PlanEntry
 
 
 def may_speculate(group: SequenceGroup) -> bool:
@@ -40,15 +46,22 @@ class Speculation:
         self.num_proposed = 0  # since start
         self.num_accepted = 0
         self.gate = SpeculationGate() if config.adaptive else None
+        # The gate's step costs: plans that may speculate, step_id -> (when planned, whether a
+        # sequence starts proposing in it), and who proposed in the last plan.
+        self._planned_at: dict[int, tuple[float, bool]] = {}
+        self._last_proposers: set[int] = set()
 
     def active(self, num_running_seqs: int) -> bool:
         """Whether this step speculates at all (the batch-size rule)."""
         return num_running_seqs <= self.config.max_batch
 
-    def start_step(self, num_running_seqs: int, decodes_only: bool) -> None:
-        """A plan that may speculate begins (the gate's tally of the step); decodes_only: it
-        holds no prompt tokens (see SpeculationGate.start_step)."""
+    def start_step(self, num_running_seqs: int, running: list[SequenceGroup], queued: bool) -> None:
+        """A plan that may speculate begins (the gate's tally of the step); queued: requests
+        wait to start or resume (then the step is not decodes alone)."""
         if self.gate is not None:
+            decodes_only = not queued and all(
+                s.num_uncomputed_tokens <= 1 for g in running for s in g.live_seqs()
+            )
             self.gate.start_step(num_running_seqs, decodes_only)
 
     def propose(self, group: SequenceGroup, seq: Sequence, room: int) -> list[int]:
@@ -74,17 +87,45 @@ class Speculation:
         self.num_proposed += num_proposed
         self.num_accepted += num_accepted
 
+    def planned(self, step_id: int, entries: list[PlanEntry] | None) -> None:
+        """A plan was made: its entries where it may speculate, None where it may not (a
+        lookahead plan, a batch past max_batch).
+
+        The gate times such a step from its plan to its result: the executor's work and the
+        trips both ways (at these batch sizes no step is planned ahead, so nothing else runs
+        meanwhile). A step where a sequence starts proposing is a separate cost: a draft model
+        first catches up there on every token since its last pass (a whole prompt, for a new
+        sequence), a cost of starting, not of a proposal."""
+        if self.gate is None:
+            return
+        if entries is None:
+            self._last_proposers = set()
+            return
+        proposers = {e.seq.seq_id for e in entries if e.spec_tokens}
+        if len(self._planned_at) > 8:  # steps never answered (a lost executor)
+            self._planned_at.clear()
+        starting = not proposers <= self._last_proposers
+        self._planned_at[step_id] = (time.perf_counter(), starting)
+        self._last_proposers = proposers
+
+    def reported(self, step_id: int, entries: list[PlanEntry]) -> None:
+        """A step's result arrived: a planned step of decodes alone times the gate's costs."""
+        planned = self._planned_at.pop(step_id, None) if self.gate is not None else None
+        if planned is None or not all(_decodes(e) for e in entries):
+            return
+        seconds = time.perf_counter() - planned[0]
+        proposed = sum(len(e.spec_tokens) for e in entries)
+        self.gate.step_timed(len(entries), proposed, seconds, planned[1])
+
     def verified(self, seq_id: int, proposed: int, accepted: int) -> None:
         if self.gate is not None:
             self.gate.verified(seq_id, proposed, accepted)
 
-    def step_timed(
-        self, num_seqs: int, num_proposed: int, seconds: float, starting: bool = False
-    ) -> None:
-        """A decode-only step's time, plan to result (the gate's step costs)."""
-        if self.gate is not None:
-            self.gate.step_timed(num_seqs, num_proposed, seconds, starting)
-
     def forget(self, seq_id: int) -> None:
         if self.gate is not None:
             self.gate.forget(seq_id)
+
+
+def _decodes(entry: PlanEntry) -> bool:
+    """Whether the entry is one decode row (with its proposals, if any)."""
+    return entry.layers is None and entry.num_new_tokens == 1 + len(entry.spec_tokens)

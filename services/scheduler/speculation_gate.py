@@ -88,8 +88,9 @@ class SpeculationGate:
         plain = _nearest(self.plain_seconds, self._batch)
         per_proposal = _nearest(self.proposal_seconds, self._batch)
         stats.probing = False
+        acceptance = self.acceptance(stats)
         if plain is not None and per_proposal is not None:
-            gain = expected_tokens(self.acceptance(stats), k) - 1.0
+            gain = expected_tokens(acceptance, k) - 1.0
             now = plain + per_proposal * self._proposed
             if (self._tokens + gain) * now <= self._tokens * (now + per_proposal * k):
                 start = _nearest(self.start_seconds, self._batch) or 0.0
@@ -104,7 +105,7 @@ class SpeculationGate:
                 k = 1
         # else: explore, the cost of proposals is learnt by timing them
         stats.refused = 0
-        self._tokens += expected_tokens(self.acceptance(stats), k) - 1.0
+        self._tokens += expected_tokens(acceptance, k) - 1.0
         self._proposed += k
         return k
 
