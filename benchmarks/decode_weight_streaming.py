@@ -22,6 +22,9 @@ them reads the whole set from memory, per kernel:
   fp32 linear    F.linear on fp32 weights of the same shapes: four times the bytes
   row kernels int8  the CPU row kernels' own (kernels/csrc/int8_rows.cpp; where they build):
                  each row on its own asymmetric levels, each weight tile read once per call
+  row kernels int4  their 4-bit linear (kernels/csrc/int4_rows.cpp) on the same weights in
+                 GGUF Q4_1's form (4 bits, fp16 scale and minimum per 32 inputs: 0.625 bytes a
+                 weight); its GB/s count those bytes, its differences include the 4-bit weights'
   read floor     a max over the int8 weights' bytes (as int64 words): reading them and nothing else
 
 Prints ms per pass and GB/s of weights read, and how far each kernel's outputs are from the
@@ -49,6 +52,7 @@ import torch.nn.functional as F
 
 from kernels.cpu_rows import load_row_ops
 from services.executor.quantized import (
+    Int4Linear,
     Int8Linear,
     fbgemm_rows,
     pack_for_fbgemm,
@@ -80,6 +84,7 @@ class Int8Layer:
         self.fbgemm = pack_for_fbgemm(self.q, self.scales, None)
         self.fp32 = self.q.float() * self.scales[:, None]  # [out, in] the exact int8 weights
         self.rows_packed, self.rows_colsum = pack_int8_rows(self.q)
+        self.int4 = Int4Linear.from_float(self.fp32, None)  # (packed for the row kernels below)
 
 
 def run_int_mm(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
@@ -114,6 +119,10 @@ def run_row_kernels(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:
     return ROW_OPS.int8_rows_linear(x, layer.rows_packed, layer.rows_colsum, layer.scales)
 
 
+def run_row_kernels_int4(layer: Int8Layer, x: torch.Tensor) -> torch.Tensor:
+    return layer.int4(x)
+
+
 ROW_OPS = load_row_ops()
 KERNELS = {
     "_int_mm": run_int_mm,
@@ -124,6 +133,9 @@ KERNELS = {
 }
 if ROW_OPS is not None:  # (not built here: the other kernels still run)
     KERNELS["row kernels int8"] = run_row_kernels
+    KERNELS["row kernels int4"] = run_row_kernels_int4
+# Bytes per weight each kernel reads (fp32 four, Q4_1 0.625), for its GB/s.
+WEIGHT_BYTES = {"fp32 linear": 4.0, "row kernels int4": 0.625}
 
 
 def one_pass(layers: list[Int8Layer], kernel, rows: int) -> float:
@@ -173,13 +185,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=15)
     parser.add_argument("--json", default="benchmarks/results/decode_weight_streaming.json")
+    parser.add_argument(
+        "--kernels", default=None, help="comma-separated names to time (default: all of them)"
+    )
     args = parser.parse_args()
+    if args.kernels:
+        for name in set(KERNELS) - set(args.kernels.split(",")):
+            del KERNELS[name]
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     layers = [Int8Layer(k, n, generator) for k, n in layer_shapes(args)]
     int8_bytes = sum(layer.k * layer.n for layer in layers)
     words = [layer.q.view(torch.int64) for layer in layers]
     print(f"{len(layers)} linears, {int8_bytes / 1e6:.1f} MB of int8 weights", flush=True)
+    for layer in layers:
+        layer.int4.use_row_ops(ROW_OPS)
     for layer in layers:  # first touch of every layout, before any timing
         for kernel in KERNELS.values():
             kernel(layer, torch.randn(1, layer.k))
@@ -197,9 +217,9 @@ def main() -> None:
     results = {}
     for label, seconds in times.items():
         ms = statistics.median(seconds) * 1e3
-        weight_bytes = int8_bytes * (4 if label.startswith("fp32") else 1)
-        entry = {"ms": round(ms, 2), "gb_per_s": round(weight_bytes / ms / 1e6, 1)}
         name, _, rows = label.partition(", ")
+        weight_bytes = int8_bytes * WEIGHT_BYTES.get(name, 1.0)
+        entry = {"ms": round(ms, 2), "gb_per_s": round(weight_bytes / ms / 1e6, 1)}
         if name in KERNELS and name != "_int_mm":
             rows_n = int(rows.split()[0])
             for constant, key in ((False, "gaussian"), (True, "constant_row")):

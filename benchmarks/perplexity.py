@@ -18,7 +18,10 @@ activations, what fbgemm needs on AVX2 to keep its int16 pair sums from saturati
 quality cost of that kernel for decode rows (benchmarks/decode_weight_streaming.py has its speed).
 A mode `int8+int8-rows` scores every token through the CPU row kernels' int8 linear
 (kernels/csrc/int8_rows.cpp), which computes each row on its own levels, so these are the
-numerics of every decode and verify row where that kernel serves them.
+numerics of every decode and verify row where that kernel serves them. Mode `int4` scores
+through the row kernels' 4-bit linear where they are built (kernels/csrc/int4_rows.cpp,
+activations on 8-bit levels per 32 inputs); `int4+torch-int4` through torch's int4 kernel (fp32
+activations): the cost of the 4-bit weights alone.
 """
 
 from __future__ import annotations
@@ -62,10 +65,12 @@ def pagedserve_nll(
     """Per scored token NLL [chunks * scored] and the seconds spent scoring."""
     ctx = len(chunks[0])
     quantization, _, row_kernel = mode.partition("+")
-    if row_kernel not in ("", "fbgemm-rows", "fbgemm-rows-reduced", "int8-rows"):
+    if row_kernel not in ("", "fbgemm-rows", "fbgemm-rows-reduced", "int8-rows", "torch-int4"):
         raise SystemExit(f"unknown row kernel {row_kernel!r} in mode {mode!r}")
     if row_kernel == "int8-rows":
         rows = row_kernel_numerics()
+    elif row_kernel == "torch-int4":
+        rows = torch_int4_numerics()
     elif row_kernel:
         rows = one_row_numerics(reduce_range=row_kernel == "fbgemm-rows-reduced")
     else:
@@ -139,6 +144,20 @@ def row_kernel_numerics():
 
     with _int8_forward(forward):
         yield
+
+
+@contextlib.contextmanager
+def torch_int4_numerics():
+    """While open, Int4Linear keeps torch's int4 kernel (fp32 activations) instead of the row
+    kernels' 4-bit linear (activations on 8-bit levels per 32 inputs): the weights' own cost."""
+    from services.executor.quantized import Int4Linear
+
+    original = Int4Linear.use_row_ops
+    Int4Linear.use_row_ops = lambda self, row_ops: original(self, None)
+    try:
+        yield
+    finally:
+        Int4Linear.use_row_ops = original
 
 
 @contextlib.contextmanager

@@ -24,8 +24,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_rows.cpp", "int8_rows.cpp")]
-HEADERS = [Path(__file__).parent / "csrc" / "int8_rows.h"]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / name for name in ("cpu_rows.cpp", "int8_rows.cpp", "int4_rows.cpp")]
+HEADERS = [CSRC / name for name in ("int8_rows.h", "int4_rows.h")]
 # -march=native: built for the CPU it runs on, so the name carries that CPU's flags (a build
 # cache shared by different CPUs never hands one the other's instructions; _build_tag).
 # -ffp-contract=off: products round before they are added, as torch's elementwise ops round them.
@@ -40,6 +41,7 @@ OPS = (
     "silu_mul",
     "rows_attention",
     "int8_rows_linear",
+    "int4_rows_linear",
     "rows_forward",
 )
 

@@ -30,6 +30,7 @@
 #include <immintrin.h>
 #endif
 
+#include "int4_rows.h"
 #include "int8_rows.h"
 
 namespace {
@@ -329,17 +330,21 @@ at::Tensor rows_attention(const at::Tensor& qkv, const at::Tensor& cos, const at
   return out;
 }
 
-at::Tensor linear_int8(const at::Tensor& x, const at::TensorList& packed,
+// Linear k of the stack: the 4-bit kernel where its packed weights are uint8 (their column
+// sums and scales then unused, empty), else the int8 one.
+at::Tensor linear_rows(const at::Tensor& x, const at::TensorList& packed,
                        const at::TensorList& colsums, const at::TensorList& scales,
                        const c10::List<std::optional<at::Tensor>>& biases, int64_t k) {
-  at::Tensor y = pagedserve::int8_rows_linear(x, packed[k], colsums[k], scales[k]);
+  at::Tensor y = packed[k].scalar_type() == at::kByte
+                     ? pagedserve::int4_rows_linear(x, packed[k])
+                     : pagedserve::int8_rows_linear(x, packed[k], colsums[k], scales[k]);
   const std::optional<at::Tensor> bias = biases.get(k);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
 }
 
 // A step's whole stack of layers, as services/executor/models/decoder.py `_forward_rows` runs
-// it, where every linear is the row kernels' int8 one: the same calls in the same order, so the
+// it, where every linear is one of the row kernels' (int8 or 4-bit): the same calls in the same order, so the
 // same bits, without a few dozen microseconds of Python and dispatch per layer. Per layer k:
 // norms[2k], norms[2k + 1] (input, post-attention) with eps[2k], eps[2k + 1]; the linears
 // 4k .. 4k + 3 (qkv, o, gate_up, down) as packed / colsums / scales / biases. h [rows, hidden]
@@ -363,14 +368,14 @@ at::Tensor rows_forward(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
               "kv_cache must be [layers, 2, num_blocks, block_size, kv_heads, head_dim]");
   at::Tensor x = rms_norm(h, norms[0], eps[0]);
   for (int64_t i = 0; i < layers; ++i) {
-    at::Tensor qkv = linear_int8(x, packed, colsums, scales, biases, 4 * i);
+    at::Tensor qkv = linear_rows(x, packed, colsums, scales, biases, 4 * i);
     at::Tensor cache = kv_cache.select(0, i);
     at::Tensor o = rows_attention(qkv, cos, sin, cache.select(0, 0), cache.select(0, 1), slots,
                                   tables, token_seqs, positions, scale, heads, kv_heads);
-    x = add_rms_norm(h, linear_int8(o, packed, colsums, scales, biases, 4 * i + 1),
+    x = add_rms_norm(h, linear_rows(o, packed, colsums, scales, biases, 4 * i + 1),
                      norms[2 * i + 1], eps[2 * i + 1]);
-    at::Tensor gated = silu_mul(linear_int8(x, packed, colsums, scales, biases, 4 * i + 2));
-    at::Tensor mlp = linear_int8(gated, packed, colsums, scales, biases, 4 * i + 3);
+    at::Tensor gated = silu_mul(linear_rows(x, packed, colsums, scales, biases, 4 * i + 2));
+    at::Tensor mlp = linear_rows(gated, packed, colsums, scales, biases, 4 * i + 3);
     if (i == layers - 1) {
       h.add_(mlp);
     } else {

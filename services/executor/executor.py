@@ -42,7 +42,7 @@ from services.executor.quantize_model import (
     quantize_model,
     resolve_quantization,
 )
-from services.executor.quantized import Int8Linear
+from services.executor.quantized import Int4Linear, Int8Linear
 from services.executor.rank_group import RankGroup
 from services.executor.sampler import sample
 from services.executor.sampling_state import Draw, SamplingStates, start_copy
@@ -248,8 +248,8 @@ class Executor:
                 continue
             if model.use_row_kernels(row_ops):
                 log.info("CPU row kernels serve %s's decode and verify steps", type(model).__name__)
-            for module in model.modules():  # their int8 linear of few rows, fbgemm's guards
-                if isinstance(module, Int8Linear):
+            for module in model.modules():  # their int8 and 4-bit linears, fbgemm's guards
+                if isinstance(module, (Int8Linear, Int4Linear)):
                     module.use_row_ops(row_ops)
 
     def _context_mirrors(self, budget_bytes: int) -> ContextMirrors | None:

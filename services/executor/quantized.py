@@ -244,27 +244,35 @@ class Int4Linear(nn.Module):
     def __init__(
         self,
         qweight: torch.Tensor,  # [out_features, in_features] int32 in [0, 15]
-        scales: torch.Tensor,  # [out_features, in_features // GROUP_SIZE] float
-        zeros: torch.Tensor,  # [out_features, in_features // GROUP_SIZE] float, kernel's convention
+        d: torch.Tensor,  # [out_features, in_features // GROUP_SIZE] fp16-exact block scales
+        m: torch.Tensor,  # [out_features, in_features // GROUP_SIZE] fp16-exact block minimums
         bias: torch.Tensor | None,  # [out_features]
     ) -> None:
+        """w = d * q + m per block of 32 inputs (GGUF Q4_1's form)."""
         super().__init__()
         self.out_features, self.in_features = qweight.shape
+        d, m = d.float(), m.float()
+        # torch's kernel stores w = (q - 8) * d + zero: the same q, its zero m + 8d.
         # innerKTiles=2: the layout torch's CPU int4 kernel expects for fp32 activations.
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(qweight, 2))
-        scales_and_zeros = torch.stack([scales.float(), zeros.float()], dim=-1)
+        scales_and_zeros = torch.stack([d, m + INT4_MID * d], dim=-1)
         self.register_buffer("scales_and_zeros", scales_and_zeros.transpose(0, 1).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float())
+        # The row kernels' copy (pack_int4_rows), made by use_row_ops from these until then.
+        self._blocks: tuple | None = (qweight, d.half(), m.half())
+        self.row_ops = None
+        self.rows_packed: torch.Tensor | None = None
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:
-        """Asymmetric min/max quantization per group of 32 inputs (for checkpoints not in GGUF)."""
+        """Asymmetric min/max quantization per group of 32 inputs (for checkpoints not in GGUF),
+        its scales and minimums rounded to fp16 as GGUF stores them."""
         out_features, in_features = weight.shape
         groups = weight.detach().float().view(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scales = ((high - low) / 15).clamp(min=1e-12)
+        low = groups.amin(-1).half().float()
+        scales = ((groups.amax(-1) - low) / 15).clamp(min=1e-7).half().float()
         q = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
-        return cls.from_q4_1(q.to(torch.int32).view_as(weight), scales, low, bias)
+        return cls(q.to(torch.int32).view_as(weight), scales, low, bias)
 
     @classmethod
     def from_q4_1(
@@ -274,19 +282,85 @@ class Int4Linear(nn.Module):
         m: torch.Tensor,  # [out_features, in_features // 32] block minimums
         bias: torch.Tensor | None,
     ) -> Int4Linear:
-        # Q4_1: w = d*q + m = d*(q - 8) + (m + 8d): the same q, scale d, the kernel's zero m + 8d.
-        d, m = d.float(), m.float()
-        return cls(q, d, m + INT4_MID * d, bias)
+        return cls(q, d, m, bias)
+
+    def use_row_ops(self, row_ops) -> None:
+        """The CPU row kernels' 4-bit linear (kernels/csrc/int4_rows.cpp) for every call of
+        any size (faster than torch's int4 kernel on AVX2 at every size timed); None: torch's.
+        Outputs are a multiple of 16 (torch's kernel asks that too)."""
+        self.row_ops = row_ops
+        if row_ops is None:
+            return
+        if self.rows_packed is None and self._blocks is not None:
+            self.rows_packed = pack_int4_rows(*self._blocks)
+            self._blocks = None  # the packed copy holds the same weights
+
+    @property
+    def packed_bytes(self) -> int:
+        return 0 if self.rows_packed is None else self.rows_packed.numel()
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.buffers())
+        return sum(t.numel() * t.element_size() for t in self.buffers()) + self.packed_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
-        out = torch._weight_int4pack_mm_for_cpu(
-            x.float().contiguous(), self.packed, GROUP_SIZE, self.scales_and_zeros
-        )
+        if self.rows_packed is not None and self.row_ops is not None and x.shape[0] > 0:
+            if x.dtype != torch.float32:
+                x = x.float()
+            out = self.row_ops.int4_rows_linear(x.contiguous(), self.rows_packed)
+        else:
+            out = torch._weight_int4pack_mm_for_cpu(
+                x.float().contiguous(), self.packed, GROUP_SIZE, self.scales_and_zeros
+            )
         return out if self.bias is None else out + self.bias
+
+
+# The row kernels' 4-bit layout (kernels/csrc/int4_rows.cpp): tiles of 8 outputs, in pairs.
+INT4_ROWS_OUTS = 16
+
+
+def pack_int4_rows(
+    q: torch.Tensor,  # [out, in] integers in [0, 15], out % 16 == 0, in % 32 == 0
+    d: torch.Tensor,  # [out, in // 32] fp16 block scales
+    m: torch.Tensor,  # [out, in // 32] fp16 block minimums
+) -> torch.Tensor:  # [out / 16, in / 32, 320] uint8
+    """Per (pair of tiles of 8 outputs, block of 32 inputs), each tile's 160 bytes: 128 bytes of
+    nibbles, byte u*32 + j*4 + i holding input 8u + i (low) and 8u + 4 + i (high) of output j,
+    then the 8 outputs' d and m as fp16 (int4_rows.cpp says why)."""
+    out_features, in_features = q.shape
+    pairs, blocks = out_features // INT4_ROWS_OUTS, in_features // GROUP_SIZE
+    n = q.to(torch.uint8).view(pairs, 2, 8, blocks, 4, 2, 4)  # [p, t, j, b, u, h, i]
+    n = n.permute(0, 3, 1, 4, 5, 2, 6)  # [p, b, t, u, h, j, i]
+    nibbles = (n[:, :, :, :, 0] | (n[:, :, :, :, 1] << 4)).reshape(pairs, blocks, 2, 128)
+
+    def halves(v: torch.Tensor) -> torch.Tensor:  # [out, blocks] fp16 -> [p, b, t, 16] bytes
+        v = v.half().view(pairs, 2, 8, blocks).permute(0, 3, 1, 2).contiguous()
+        return v.view(torch.uint8).view(pairs, blocks, 2, 16)
+
+    tiles = torch.cat([nibbles, halves(d), halves(m)], dim=-1)  # [p, b, 2, 160]
+    return tiles.reshape(pairs, blocks, 320).contiguous()
+
+
+def int4_rows_reference(
+    x: torch.Tensor,  # [rows, in] fp32
+    q: torch.Tensor,  # [out, in] integers in [0, 15]
+    d: torch.Tensor,  # [out, in // 32] fp16
+    m: torch.Tensor,  # [out, in // 32] fp16
+) -> torch.Tensor:  # [rows, out] fp64
+    """int4_rows_linear's arithmetic in torch (float64 accumulation): each row quantized per
+    block of 32 to -127..127 by max |x| / 127, exact integer sums per block, then
+    sum_b d * s * I + m * X. For tests."""
+    rows, in_features = x.shape
+    blocks = in_features // GROUP_SIZE
+    xb = x.float().view(rows, blocks, GROUP_SIZE)
+    amax = xb.abs().amax(-1)  # [rows, blocks]
+    inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    a = (xb * inverse[..., None]).round().clamp(-127, 127)  # [rows, blocks, 32]
+    s, sums = amax / 127.0, xb.sum(-1)
+    qb = q.double().view(q.shape[0], blocks, GROUP_SIZE)  # [out, blocks, 32]
+    integers = torch.einsum("rbi,obi->rob", a.double(), qb)  # exact in fp64
+    dd, mm = d.double(), m.double()  # [out, blocks]
+    return (integers * dd[None] * s.double()[:, None] + mm[None] * sums.double()[:, None]).sum(-1)
 
 
 class Int8Embedding(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from kernels import cpu_rows
 from services.engine.llm_engine import LLMEngine
 from services.executor.models.decoder import ROW_QUERY_LIMIT, DecoderForCausalLM
-from services.executor.quantized import Int8Linear
+from services.executor.quantized import Int4Linear, Int8Linear
 from shared.config import SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
@@ -81,18 +81,23 @@ def test_speculation_and_preemption_give_the_reference_layers_tokens(
     assert engine.scheduler.num_preemptions > 0
 
 
-@pytest.mark.parametrize("num_tokens", [1, 3, 5])
-def test_int8_speculation_keeps_plain_decodings_tokens(tiny_model_dir, num_tokens):
-    """With int8 weights too: each row of a verify step is quantized on its own levels by the
-    row kernels' int8 linear, so a verified token's logits are the bits its plain decode step
-    gives, and greedy speculation changes no token."""
+@pytest.mark.parametrize(
+    ("quantization", "num_tokens"), [("int8", 1), ("int8", 3), ("int8", 5), ("int4", 3)]
+)
+def test_quantized_speculation_keeps_plain_decodings_tokens(
+    tiny_model_dir, quantization, num_tokens
+):
+    """With int8 or 4-bit weights too: each row of a verify step is quantized on its own levels
+    by the row kernels' linears, so a verified token's logits are the bits its plain decode
+    step gives, and greedy speculation changes no token."""
     config = engine_config(tiny_model_dir)
     config = dataclasses.replace(
-        config, model=dataclasses.replace(config.model, quantization="int8")
+        config, model=dataclasses.replace(config.model, quantization=quantization)
     )
     spec = SpeculativeConfig(method="ngram", num_tokens=num_tokens, max_batch=1000, adaptive=False)
     plain, engine = run_checked(config, REPETITIVE, GREEDY)
-    layers = [m for m in engine.executor.model.modules() if isinstance(m, Int8Linear)]
+    kind = Int8Linear if quantization == "int8" else Int4Linear
+    layers = [m for m in engine.executor.model.modules() if isinstance(m, kind)]
     assert layers and all(m.rows_packed is not None for m in layers)
     speculating, engine = run_checked(
         dataclasses.replace(config, speculative=spec), REPETITIVE, GREEDY
@@ -101,19 +106,22 @@ def test_int8_speculation_keeps_plain_decodings_tokens(tiny_model_dir, num_token
     assert engine.scheduler.speculation.num_accepted > 0
 
 
-def test_the_int8_stack_in_one_call_gives_the_layer_loops_bits(tiny_model_dir, monkeypatch):
-    """With every linear the row kernels' int8, a step's layers run in one C++ call
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_the_quantized_stack_in_one_call_gives_the_layer_loops_bits(
+    tiny_model_dir, quantization, monkeypatch
+):
+    """With every linear the row kernels' int8 (or 4-bit), a step's layers run in one C++ call
     (rows_forward); its logits are the Python loop's over the same kernels, bit for bit."""
     config = engine_config(tiny_model_dir)
     config = dataclasses.replace(
-        config, model=dataclasses.replace(config.model, quantization="int8")
+        config, model=dataclasses.replace(config.model, quantization=quantization)
     )
     spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000, adaptive=False)
     config = dataclasses.replace(config, speculative=spec)
     logits: dict[str, list] = {"one call": [], "loop": []}
     stacks: list[bool] = []
     original_logits = DecoderForCausalLM.compute_logits
-    original_stack = DecoderForCausalLM._int8_row_stack
+    original_stack = DecoderForCausalLM._row_stack
     for name in logits:
 
         def recorded(self, hidden, name=name):
@@ -127,7 +135,7 @@ def test_the_int8_stack_in_one_call_gives_the_layer_loops_bits(tiny_model_dir, m
             return found if name == "one call" else None
 
         monkeypatch.setattr(DecoderForCausalLM, "compute_logits", recorded)
-        monkeypatch.setattr(DecoderForCausalLM, "_int8_row_stack", stack)
+        monkeypatch.setattr(DecoderForCausalLM, "_row_stack", stack)
         run_checked(config, REPETITIVE, GREEDY)
     assert all(stacks) and len(stacks) > 20
     assert len(logits["one call"]) == len(logits["loop"])

@@ -180,8 +180,11 @@ def test_q8_0_rows_become_an_int8_embedding_and_from_float_recovers_them():
 
 
 # How many of the 12 first greedy tokens must agree with fp32's. The tiny model's random
-# weights (init 0.3) lose more to 16 levels per group than a trained model's do.
-@pytest.mark.parametrize(("mode", "min_agree"), [("int8", 10), ("int4", 6)])
+# weights (init 0.3) lose more to 16 levels per group than a trained model's do: 6 of 12 with
+# torch's int4 kernel (fp32 activations), 5 with the row kernels' 4-bit linear, whose
+# activations take 8-bit levels per 32 inputs as well (the embedded model's perplexity says
+# what that costs a trained model: docs/benchmarks.md, "4-bit weights on the CPU").
+@pytest.mark.parametrize(("mode", "min_agree"), [("int8", 10), ("int4", 5)])
 def test_quantized_engine_keeps_greedy_first_tokens_of_fp32(
     tiny_model_dir, prompts, hf_greedy, mode, min_agree
 ):

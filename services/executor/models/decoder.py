@@ -24,13 +24,20 @@ from services.executor.models.layers import (
     rope_tables,
 )
 from services.executor.models.spec import KVLayout, ModelSpec, base_spec_fields
-from services.executor.quantized import INT8_ROWS_MAX_ROWS, QUANTIZED_LINEARS, Int8Linear
+from services.executor.quantized import (
+    INT8_ROWS_MAX_ROWS,
+    QUANTIZED_LINEARS,
+    Int4Linear,
+    Int8Linear,
+)
 from services.executor.tensor_parallel import Shard
 
 # Steps whose sequences compute at most this many tokens each go through the CPU row kernels
 # (decodes, verify steps of up to 15 proposals, short prompt chunks): each row attends on its own,
 # so a longer chunk's rows would each re-read the whole context where SDPA reads it once.
 ROW_QUERY_LIMIT = 16
+# rows_forward's placeholder for what a 4-bit linear does not have (column sums, scales).
+_NONE = torch.empty(0)
 
 
 class DecoderForCausalLM(nn.Module):
@@ -203,8 +210,8 @@ class DecoderForCausalLM(nn.Module):
         ops = self.row_ops
         positions, slots = meta.positions.contiguous(), meta.slot_mapping.contiguous()
         h = h.contiguous()
-        stack = self._int8_row_stack() if h.shape[0] <= INT8_ROWS_MAX_ROWS else None
-        if stack is not None:  # every linear the row kernels' int8: the whole loop in C++
+        stack = self._row_stack() if h.shape[0] <= INT8_ROWS_MAX_ROWS else None
+        if stack is not None:  # every linear the row kernels' own: the whole loop in C++
             attn = self.layers[0].self_attn
             return ops.rows_forward(
                 h, cos, sin, kv_cache, slots, meta.block_tables, meta.token_seqs, positions,
@@ -230,11 +237,11 @@ class DecoderForCausalLM(nn.Module):
                 x = ops.add_rms_norm(h, mlp_out, norm.weight, norm.eps)
         return h
 
-    def _int8_row_stack(self) -> tuple | None:
+    def _row_stack(self) -> tuple | None:
         """rows_forward's per-layer arguments (norms, eps, and the four linears' packed
-        weights, column sums, scales, biases) where every layer's linears are Int8Linear with
-        the row kernels' copy; None otherwise. Which linears the stack has is found once; the
-        arguments are rebuilt only when a layer's copy changed."""
+        weights, column sums, scales, biases) where every layer's linears are Int8Linear or
+        Int4Linear with the row kernels' copy; None otherwise. Which linears the stack has is
+        found once; the arguments are rebuilt only when a layer's copy changed."""
         if self._row_stack_cache is None:
             linears = [
                 m
@@ -242,8 +249,8 @@ class DecoderForCausalLM(nn.Module):
                 for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj)
                 + (layer.mlp.gate_up_proj, layer.mlp.down_proj)
             ]
-            all_int8 = all(isinstance(m, Int8Linear) for m in linears)
-            self._row_stack_cache = (linears if all_int8 else None, None)
+            all_rows = all(isinstance(m, (Int8Linear, Int4Linear)) for m in linears)
+            self._row_stack_cache = (linears if all_rows else None, None)
         linears, stack = self._row_stack_cache
         if linears is None:
             return None
@@ -260,8 +267,9 @@ class DecoderForCausalLM(nn.Module):
             [n.weight for n in norms],
             [float(n.eps) for n in norms],
             [m.rows_packed for m in linears],
-            [m.rows_colsum for m in linears],
-            [m.scales for m in linears],
+            # A 4-bit linear's packed weights carry its scales (rows_forward ignores these).
+            [_NONE if isinstance(m, Int4Linear) else m.rows_colsum for m in linears],
+            [_NONE if isinstance(m, Int4Linear) else m.scales for m in linears],
             [m.bias for m in linears],
         )
         self._row_stack_cache = (linears, stack)
