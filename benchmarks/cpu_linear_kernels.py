@@ -1,5 +1,5 @@
 """CPU linear-layer kernels side by side: fp32 GEMM against torch's int8 and int4 paths and
-the CPU row kernels' int8 linear.
+the CPU row kernels' int8 and 4-bit linears.
 
 Why `--quantization int8` runs where it runs and int4 is not the default: times one
 [M, 576] x [576, 3072] layer (SmolLM2-135M's gate/up shape) per kernel and batch size M,
@@ -17,7 +17,7 @@ import time
 import torch
 
 from kernels.cpu_rows import load_row_ops
-from services.executor.quantized import Int8Linear, int_mm_has_fast_path
+from services.executor.quantized import Int4Linear, Int8Linear, int_mm_has_fast_path
 
 K, N = 576, 3072
 
@@ -44,10 +44,16 @@ def kernels(m: int) -> dict:
     scales_zeros = torch.rand(K // group, N, 2)
     layer = Int8Linear(w, None)
     layer.use_row_ops(load_row_ops())
+    int4 = Int4Linear.from_float(w * 0.02, None)  # (Q4_1 blocks of the same shape)
+    int4.use_row_ops(load_row_ops())
     rows = {}
     if layer.rows_packed is not None:
         rows["row kernels int8_rows_linear"] = lambda: layer.row_ops.int8_rows_linear(
             x, layer.rows_packed, layer.rows_colsum, layer.scales
+        )
+    if int4.rows_packed is not None:
+        rows["row kernels int4_rows_linear"] = lambda: int4.row_ops.int4_rows_linear(
+            x, int4.rows_packed
         )
     return {
         "fp32 mm": lambda: x @ w.T,

@@ -301,8 +301,11 @@ class SpeculativeConfig:
         3, "--num-speculative-tokens", "tokens proposed per speculating sequence and step, at most"
     )
     # As vLLM's prompt_lookup_min/max: the longest suffix of n in [min, max] tokens that occurs
-    # earlier in the request wins.
-    ngram_min: int = flag(1, "--ngram-min", "shortest n-gram the ngram proposer matches")
+    # earlier in the request wins. 3 (llama.cpp's ngram-simple n): matches of one or two tokens
+    # proposed more and were accepted less; with engines in lockstep at concurrency 1, 3 beat
+    # 1 in every round on code and repeated text (int8 and int4) and tied on random prompts
+    # (docs/benchmarks.md, "4-bit weights on the CPU").
+    ngram_min: int = flag(3, "--ngram-min", "shortest n-gram the ngram proposer matches")
     ngram_max: int = flag(4, "--ngram-max", "longest n-gram the ngram proposer matches")
     # At most this many proposals per matched n-gram token (0: K whatever the match): a short
     # match is weak evidence of copying (services/scheduler/ngram_proposer.py). Off by default:

@@ -69,7 +69,9 @@ def test_speculation_and_preemption_give_the_reference_layers_tokens(
     config = engine_config(
         tiny_model_dir, block_size=4, num_device_blocks=40, preemption_mode=preemption
     )
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000, adaptive=False)
+    spec = SpeculativeConfig(
+        method="ngram", ngram_min=1, num_tokens=3, max_batch=1000, adaptive=False
+    )
     config = dataclasses.replace(config, speculative=spec)
     sampling = dataclasses.replace(GREEDY, n=2, temperature=0.0)
     reference, _ = run_checked(_kernels(config, "off"), REPETITIVE, sampling)
@@ -94,7 +96,9 @@ def test_quantized_speculation_keeps_plain_decodings_tokens(
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, quantization=quantization)
     )
-    spec = SpeculativeConfig(method="ngram", num_tokens=num_tokens, max_batch=1000, adaptive=False)
+    spec = SpeculativeConfig(
+        method="ngram", ngram_min=1, num_tokens=num_tokens, max_batch=1000, adaptive=False
+    )
     plain, engine = run_checked(config, REPETITIVE, GREEDY)
     kind = Int8Linear if quantization == "int8" else Int4Linear
     layers = [m for m in engine.executor.model.modules() if isinstance(m, kind)]
@@ -116,7 +120,9 @@ def test_the_quantized_stack_in_one_call_gives_the_layer_loops_bits(
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, quantization=quantization)
     )
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000, adaptive=False)
+    spec = SpeculativeConfig(
+        method="ngram", ngram_min=1, num_tokens=3, max_batch=1000, adaptive=False
+    )
     config = dataclasses.replace(config, speculative=spec)
     logits: dict[str, list] = {"one call": [], "loop": []}
     stacks: list[bool] = []

@@ -87,7 +87,9 @@ def test_longrope_with_speculation_matches_transformers(model_dir, reference):
     # proposals never takes short-factor K/V past it: Scheduler._may_outgrow_rope).
     prompts, tokens = reference
     config = engine_config(model_dir, max_num_batched_tokens=64)
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=1000, adaptive=False)
+    spec = SpeculativeConfig(
+        method="ngram", ngram_min=1, num_tokens=3, max_batch=1000, adaptive=False
+    )
     engine = LLMEngine(dataclasses.replace(config, speculative=spec))
     outputs = engine.generate(prompts, GREEDY)
     assert [o.outputs[0].token_ids for o in outputs] == tokens

@@ -25,7 +25,9 @@ LONG_GREEDY = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 
 def _ngram(config: EngineConfig, k: int = 3) -> EngineConfig:
     # max_batch above every batch here: these tests are about correctness, not the rule.
-    spec = SpeculativeConfig(method="ngram", num_tokens=k, max_batch=1000, adaptive=False)
+    spec = SpeculativeConfig(
+        method="ngram", ngram_min=1, num_tokens=k, max_batch=1000, adaptive=False
+    )
     return dataclasses.replace(config, speculative=spec)
 
 
@@ -148,7 +150,7 @@ def test_penalised_requests_decode_without_speculation(tiny_model_dir):
 
 def test_no_speculation_above_the_batch_rule(tiny_model_dir):
     config = engine_config(tiny_model_dir, block_size=8)
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=2, adaptive=False)
+    spec = SpeculativeConfig(method="ngram", ngram_min=1, num_tokens=3, max_batch=2, adaptive=False)
     outputs, engine = _run(
         dataclasses.replace(config, speculative=spec),
         REPETITIVE,

@@ -24,7 +24,7 @@ def spec_stack(tiny_model_dir):
     serve = ServeProcess(
         tiny_model_dir,
         "--num-device-blocks", "128", "--max-num-seqs", "4", "--block-size", "8",
-        "--speculative-method", "ngram", "--num-speculative-tokens", "3",
+        "--speculative-method", "ngram", "--num-speculative-tokens", "3", "--ngram-min", "1",
         "--speculative-max-batch", "4",
         "--no-speculative-adaptive",
     )  # fmt: skip

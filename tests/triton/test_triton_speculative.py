@@ -28,7 +28,7 @@ def _greedy(model_dir, prompts, backend: str, speculative: SpeculativeConfig | N
 
 def test_triton_speculative_greedy_tokens_equal_plain_torch_decoding(tiny_model_dir):
     prompts = [p * 3 for p in random_prompts([5, 9], 384, seed=1)]
-    spec = SpeculativeConfig(method="ngram", num_tokens=3, max_batch=8, adaptive=False)
+    spec = SpeculativeConfig(method="ngram", ngram_min=1, num_tokens=3, max_batch=8, adaptive=False)
     plain, _ = _greedy(tiny_model_dir, prompts, "torch", None)
     verified, speculation = _greedy(tiny_model_dir, prompts, "triton", spec)
     assert verified == plain

@@ -42,7 +42,8 @@ def test_requests_needing_their_history_inside_the_run_do_not_speculate():
 
 def test_proposals_never_reach_past_max_tokens():
     spec = Speculation(
-        SpeculativeConfig(method="ngram", num_tokens=5, adaptive=False), max_seq_len=100
+        SpeculativeConfig(method="ngram", ngram_min=1, num_tokens=5, adaptive=False),
+        max_seq_len=100,
     )
     group = _group()
     seq = group.seqs[0]  # 2 outputs of 10: the step may return 8 tokens, so 7 proposals
