@@ -1,13 +1,14 @@
-"""Quantized CPU layers: int8 and int4 linear layers and an int8 embedding, on torch's kernels.
+"""Quantized CPU layers: int8 and int4 linear layers and an int8 embedding.
 
-Built from torch's own CPU kernels, no hand-written ones:
+On torch's own CPU kernels, and on the CPU row kernels where they are built:
 - `Int8Linear`: int8 weights per output channel, activations quantized per call with one scale
   per row, multiplied in int8 with int32 sums (`torch._int_mm`). On this AVX2 CPU it is 4-5x
   faster than the fp32 GEMM from 17 rows to 2,048 (benchmarks/quantized_linear.py).
-- `Int4Linear`: 4-bit weights in groups of 32 along the input, `_weight_int4pack_mm_for_cpu`.
-  GGUF Q4_1 blocks (w = d*q + m) map onto its format exactly, so it reproduces the GGUF's
-  weights bit for bit up to fp32 rounding; but on AVX2 (no AVX-512) torch's kernel is 4-30x
-  slower than fp32 (benchmarks/quantized_linear.py), so it is an option, not the default.
+- `Int4Linear`: 4-bit weights in groups of 32 along the input, GGUF Q4_1 blocks (w = d*q + m)
+  exactly, run by the CPU row kernels' 4-bit linear (kernels/csrc/int4_rows.cpp) where they are
+  built, else by torch's `_weight_int4pack_mm_for_cpu`, which has no fast path on AVX2 (40-160x
+  slower per layer there). Not the default: the row kernel's 8-bit activation levels cost
+  perplexity (docs/benchmarks.md, "4-bit weights on the CPU").
 - `Int8Embedding`: rows of int8 with one scale per 32 values (GGUF Q8_0's layout, exactly);
   a lookup gathers and scales only the rows asked for.
 
@@ -248,20 +249,15 @@ class Int4Linear(nn.Module):
         m: torch.Tensor,  # [out_features, in_features // GROUP_SIZE] fp16-exact block minimums
         bias: torch.Tensor | None,  # [out_features]
     ) -> None:
-        """w = d * q + m per block of 32 inputs (GGUF Q4_1's form)."""
+        """w = d * q + m per block of 32 inputs (GGUF Q4_1's form), held once, in the row
+        kernels' layout (0.625 bytes a weight); torch's int4 layout is made from it only where
+        a call needs torch's kernel (the row kernels not loaded)."""
         super().__init__()
         self.out_features, self.in_features = qweight.shape
-        d, m = d.float(), m.float()
-        # torch's kernel stores w = (q - 8) * d + zero: the same q, its zero m + 8d.
-        # innerKTiles=2: the layout torch's CPU int4 kernel expects for fp32 activations.
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(qweight, 2))
-        scales_and_zeros = torch.stack([d, m + INT4_MID * d], dim=-1)
-        self.register_buffer("scales_and_zeros", scales_and_zeros.transpose(0, 1).contiguous())
+        self.register_buffer("rows_packed", pack_int4_rows(qweight, d.half(), m.half()))
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-        # The row kernels' copy (pack_int4_rows), made by use_row_ops from these until then.
-        self._blocks: tuple | None = (qweight, d.half(), m.half())
         self.row_ops = None
-        self.rows_packed: torch.Tensor | None = None
+        self._torch_packed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:
@@ -286,32 +282,43 @@ class Int4Linear(nn.Module):
 
     def use_row_ops(self, row_ops) -> None:
         """The CPU row kernels' 4-bit linear (kernels/csrc/int4_rows.cpp) for every call of
-        any size (faster than torch's int4 kernel on AVX2 at every size timed); None: torch's.
-        Outputs are a multiple of 16 (torch's kernel asks that too)."""
+        any size (40-160x faster than torch's int4 kernel on AVX2, docs/benchmarks.md); None:
+        torch's kernel."""
         self.row_ops = row_ops
-        if row_ops is None:
-            return
-        if self.rows_packed is None and self._blocks is not None:
-            self.rows_packed = pack_int4_rows(*self._blocks)
-            self._blocks = None  # the packed copy holds the same weights
+        if row_ops is not None:
+            self._torch_packed = None
+
+    def _torch_layout(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch's int4 kernel's weights and scales-and-zeros, made once from the packed copy:
+        w = (q - 8) * d + zero, the same q, its zero m + 8d."""
+        if self._torch_packed is None:
+            q, d, m = unpack_int4_rows(self.rows_packed)
+            d, m = d.float(), m.float()
+            # innerKTiles=2: the layout torch's CPU int4 kernel expects for fp32 activations.
+            packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
+            zeros = torch.stack([d, m + INT4_MID * d], dim=-1).transpose(0, 1).contiguous()
+            self._torch_packed = (packed, zeros)
+        return self._torch_packed
 
     @property
     def packed_bytes(self) -> int:
-        return 0 if self.rows_packed is None else self.rows_packed.numel()
+        """torch's copy where a call made it (the row kernels' is a buffer)."""
+        if self._torch_packed is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self._torch_packed)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers()) + self.packed_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
-        if self.rows_packed is not None and self.row_ops is not None and x.shape[0] > 0:
-            if x.dtype != torch.float32:
-                x = x.float()
+        if x.dtype != torch.float32:
+            x = x.float()
+        if self.row_ops is not None and x.shape[0] > 0:
             out = self.row_ops.int4_rows_linear(x.contiguous(), self.rows_packed)
         else:
-            out = torch._weight_int4pack_mm_for_cpu(
-                x.float().contiguous(), self.packed, GROUP_SIZE, self.scales_and_zeros
-            )
+            packed, zeros = self._torch_layout()
+            out = torch._weight_int4pack_mm_for_cpu(x.contiguous(), packed, GROUP_SIZE, zeros)
         return out if self.bias is None else out + self.bias
 
 
@@ -339,6 +346,23 @@ def pack_int4_rows(
 
     tiles = torch.cat([nibbles, halves(d), halves(m)], dim=-1)  # [p, b, 2, 160]
     return tiles.reshape(pairs, blocks, 320).contiguous()
+
+
+def unpack_int4_rows(
+    packed: torch.Tensor,  # [out / 16, in / 32, 320] uint8, pack_int4_rows's
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [out, in] uint8, d, m [out, in / 32]
+    """pack_int4_rows undone: the nibbles and the fp16 scales and minimums."""
+    pairs, blocks, _ = packed.shape
+    tiles = packed.view(pairs, blocks, 2, 160)
+    nibbles = tiles[..., :128].reshape(pairs, blocks, 2, 4, 8, 4)  # [p, b, t, u, j, i]
+    n = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=4)  # [p, b, t, u, h, j, i]
+    q = n.permute(0, 2, 5, 1, 3, 4, 6).reshape(pairs * INT4_ROWS_OUTS, blocks * GROUP_SIZE)
+
+    def halves(part: torch.Tensor) -> torch.Tensor:  # [p, b, t, 16] bytes -> [out, blocks]
+        v = part.contiguous().view(torch.float16)  # [p, b, t, 8]
+        return v.permute(0, 2, 3, 1).reshape(pairs * INT4_ROWS_OUTS, blocks)
+
+    return q.contiguous(), halves(tiles[..., 128:144]), halves(tiles[..., 144:160])
 
 
 def int4_rows_reference(
