@@ -16,29 +16,16 @@ import torch
 from kernels import cpu_rows
 from services.executor.quantized import Int4Linear
 from tests.support.int4_rows_reference import check_op, outputs
+from tests.support.isa_paths import PATHS, cpu_has
 
 OPS = cpu_rows.load_row_ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason=f"not built: {cpu_rows.build_error()}")
 SOURCE = Path(cpu_rows.__file__).parent / "csrc" / "int4_rows.cpp"
-PATHS = {
-    "avx2": ["-O3", "-march=haswell", "-mno-avx512f", "-ffp-contract=off"],
-    "portable": ["-O3", "-march=x86-64", "-ffp-contract=off"],
-}
 
 
 @needs_ops
 def test_the_built_path_is_the_reference_and_row_independent():
     check_op(OPS.int4_rows_linear)
-
-
-def _cpu_has(flag: str) -> bool:
-    try:
-        return any(
-            flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("flags")
-        )  # fmt: skip
-    except OSError:
-        return False
 
 
 @needs_ops
@@ -49,7 +36,7 @@ def test_every_instruction_set_path_gives_the_same_bits(path, tmp_path):
     exact and the float steps are the same fused multiply-adds in the same order."""
     if platform.machine() not in ("x86_64", "AMD64") or shutil.which("c++") is None:
         pytest.skip("the paths are x86's; needs a C++ compiler")
-    if path == "avx2" and not (_cpu_has("avx2") and _cpu_has("f16c") and _cpu_has("fma")):
+    if path == "avx2" and not (cpu_has("avx2") and cpu_has("f16c") and cpu_has("fma")):
         pytest.skip("this CPU has no AVX2 with F16C and FMA")
     torch.save(outputs(OPS.int4_rows_linear), tmp_path / "built.pt")
     script = f"""
@@ -58,6 +45,7 @@ from torch.utils.cpp_extension import load
 load(name="int4_rows_{path}", sources=[{str(SOURCE)!r}], extra_cflags={PATHS[path]!r},
      is_python_module=False, build_directory={str(tmp_path)!r})
 from tests.support.int4_rows_reference import check_op, outputs
+from tests.support.isa_paths import PATHS, cpu_has
 op = torch.ops.pagedserve_cpu.int4_rows_linear
 check_op(op)
 built = torch.load({str(tmp_path / "built.pt")!r})

@@ -21,6 +21,7 @@ from services.executor.quantized import (
     pack_int8_rows,
 )
 from tests.support.int8_rows_reference import check_op, random_case
+from tests.support.isa_paths import PATHS, cpu_has
 
 OPS = cpu_rows.load_row_ops()
 needs_ops = pytest.mark.skipif(OPS is None, reason=f"not built: {cpu_rows.build_error()}")
@@ -32,30 +33,16 @@ def test_the_built_path_is_the_integer_reference_and_row_independent():
     check_op(OPS.int8_rows_linear)
 
 
-def _cpu_has(flag: str) -> bool:
-    try:
-        return any(
-            flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("flags")
-        )  # fmt: skip
-    except OSError:
-        return False
-
-
-# Each path the source compiles to on this CPU family: the build above takes the best one the
-# machine has; these build the others in a fresh process (one library per process: each
-# defines the same op).
-PATHS = {
-    "avx2": ["-O3", "-march=haswell", "-mno-avx512f", "-ffp-contract=off"],
-    "portable": ["-O3", "-march=x86-64", "-ffp-contract=off"],
-}
+# Each path the source compiles to on this CPU family (tests/support/isa_paths.py): the build
+# above takes the best one the machine has; these build the others in a fresh process (one
+# library per process: each defines the same op).
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_every_instruction_set_path_computes_the_same_integers(path, tmp_path):
     if platform.machine() not in ("x86_64", "AMD64") or shutil.which("c++") is None:
         pytest.skip("the paths are x86's; needs a C++ compiler")
-    if path == "avx2" and not _cpu_has("avx2"):
+    if path == "avx2" and not cpu_has("avx2"):
         pytest.skip("this CPU has no AVX2")
     script = f"""
 import torch
