@@ -344,8 +344,8 @@ at::Tensor linear_rows(const at::Tensor& x, const at::TensorList& packed,
 }
 
 // A step's whole stack of layers, as services/executor/models/decoder.py `_forward_rows` runs
-// it, where every linear is one of the row kernels' (int8 or 4-bit): the same calls in the same order, so the
-// same bits, without a few dozen microseconds of Python and dispatch per layer. Per layer k:
+// it, where every linear is one of the row kernels' (int8 or 4-bit): the same calls in the same
+// order, so the same bits, without a few dozen microseconds of Python and dispatch per layer. Per layer k:
 // norms[2k], norms[2k + 1] (input, post-attention) with eps[2k], eps[2k + 1]; the linears
 // 4k .. 4k + 3 (qkv, o, gate_up, down) as packed / colsums / scales / biases. h [rows, hidden]
 // is the residual stream, updated in place and returned (before the final norm).

@@ -27,6 +27,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -47,7 +48,7 @@ constexpr int64_t BLOCK = 32;    // inputs per block (one d and one m per output
 constexpr int64_t NIBBLES = 128; // bytes of nibbles per (tile, block)
 constexpr int64_t STRIDE = NIBBLES + 2 * OUTS * 2;  // + d and m as fp16: 160 bytes
 constexpr int64_t PAIR = 2 * STRIDE;  // a block of two tiles, side by side
-constexpr int MAX_ROWS = 4;      // rows sharing one pass over a tile (sums in registers)
+constexpr int MAX_ROWS = 4;      // rows sharing one pass over a pair of tiles
 // Blocks ahead that a pass asks the cache for (2, 4, 8 and 16 timed: 4 was at least as fast as
 // any, by the one-row pass's time against the int8 kernel's in the same run).
 constexpr int64_t PREFETCH = 4;
@@ -82,30 +83,6 @@ BlockRows quantize(const float* x, int64_t rows, int64_t in) {
     }
   }
   return out;
-}
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000 | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    uint32_t m = mantissa;
-    do {
-      ++e;
-      m <<= 1;
-    } while ((m & 0x400) == 0);
-    bits = sign | ((112 - e) << 23) | ((m & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 #if defined(INT4_ROWS_AVX2)
@@ -203,9 +180,9 @@ void pair_pass_plain(const BlockRows& x, int64_t row0, int rows, int64_t in, con
           uint16_t dh, mh;
           std::memcpy(&dh, p + NIBBLES + j * 2, 2);
           std::memcpy(&mh, p + NIBBLES + 2 * OUTS + j * 2, 2);
-          const float ds = half_to_float(dh) * x.scale[(row0 + r) * blocks + b];
+          const float ds = c10::detail::fp16_ieee_to_fp32_value(dh) * x.scale[(row0 + r) * blocks + b];
           acc = std::fma(static_cast<float>(sum), ds, acc);
-          acc = std::fma(half_to_float(mh), x.sum[(row0 + r) * blocks + b], acc);
+          acc = std::fma(c10::detail::fp16_ieee_to_fp32_value(mh), x.sum[(row0 + r) * blocks + b], acc);
         }
         out[r * out_stride + t * OUTS + j] = acc;
       }

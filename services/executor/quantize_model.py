@@ -129,7 +129,7 @@ def calibration_token_ids(model_dir: Path, max_model_len: int) -> list[int]:
 
 
 def _int4_from_q4_1(parts: list[Q4_1], bias: torch.Tensor | None) -> Int4Linear:
-    return Int4Linear.from_q4_1(
+    return Int4Linear(
         torch.cat([p.q for p in parts]),
         torch.cat([p.d for p in parts]),
         torch.cat([p.m for p in parts]),

@@ -270,16 +270,6 @@ class Int4Linear(nn.Module):
         q = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
         return cls(q.to(torch.int32).view_as(weight), scales, low, bias)
 
-    @classmethod
-    def from_q4_1(
-        cls,
-        q: torch.Tensor,  # [out_features, in_features] int32 in [0, 15]
-        d: torch.Tensor,  # [out_features, in_features // 32] block scales
-        m: torch.Tensor,  # [out_features, in_features // 32] block minimums
-        bias: torch.Tensor | None,
-    ) -> Int4Linear:
-        return cls(q, d, m, bias)
-
     def use_row_ops(self, row_ops) -> None:
         """The CPU row kernels' 4-bit linear (kernels/csrc/int4_rows.cpp) for every call of
         any size (40-160x faster than torch's int4 kernel on AVX2, docs/benchmarks.md); None:
@@ -314,7 +304,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
         if x.dtype != torch.float32:
             x = x.float()
-        if self.row_ops is not None and x.shape[0] > 0:
+        if self.row_ops is not None:  # (an empty call too: no torch layout made for it)
             out = self.row_ops.int4_rows_linear(x.contiguous(), self.rows_packed)
         else:
             packed, zeros = self._torch_layout()
@@ -363,28 +353,6 @@ def unpack_int4_rows(
         return v.permute(0, 2, 3, 1).reshape(pairs * INT4_ROWS_OUTS, blocks)
 
     return q.contiguous(), halves(tiles[..., 128:144]), halves(tiles[..., 144:160])
-
-
-def int4_rows_reference(
-    x: torch.Tensor,  # [rows, in] fp32
-    q: torch.Tensor,  # [out, in] integers in [0, 15]
-    d: torch.Tensor,  # [out, in // 32] fp16
-    m: torch.Tensor,  # [out, in // 32] fp16
-) -> torch.Tensor:  # [rows, out] fp64
-    """int4_rows_linear's arithmetic in torch (float64 accumulation): each row quantized per
-    block of 32 to -127..127 by max |x| / 127, exact integer sums per block, then
-    sum_b d * s * I + m * X. For tests."""
-    rows, in_features = x.shape
-    blocks = in_features // GROUP_SIZE
-    xb = x.float().view(rows, blocks, GROUP_SIZE)
-    amax = xb.abs().amax(-1)  # [rows, blocks]
-    inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    a = (xb * inverse[..., None]).round().clamp(-127, 127)  # [rows, blocks, 32]
-    s, sums = amax / 127.0, xb.sum(-1)
-    qb = q.double().view(q.shape[0], blocks, GROUP_SIZE)  # [out, blocks, 32]
-    integers = torch.einsum("rbi,obi->rob", a.double(), qb)  # exact in fp64
-    dd, mm = d.double(), m.double()  # [out, blocks]
-    return (integers * dd[None] * s.double()[:, None] + mm[None] * sums.double()[:, None]).sum(-1)
 
 
 class Int8Embedding(nn.Module):

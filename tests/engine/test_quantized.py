@@ -153,7 +153,7 @@ def test_q4_1_blocks_repack_into_the_int4_kernel_exactly():
     parsed = read_q4_1(q4_1_bytes(d, m, q))
     expected = (q.reshape(rows, blocks, 32) * d[..., None] + m[..., None]).reshape(rows, -1)
     assert torch.equal(parsed.dequantized(), torch.from_numpy(expected.astype(np.float32)))
-    layer = Int4Linear.from_q4_1(parsed.q, parsed.d, parsed.m, None)
+    layer = Int4Linear(parsed.q, parsed.d, parsed.m, None)
     # Multiplying the identity reads the kernel's weight back: w = (q - 8) * d + (m + 8d).
     weight_back = layer(torch.eye(blocks * 32)).t()
     assert (weight_back - parsed.dequantized()).abs().max().item() < 1e-6

@@ -1,16 +1,38 @@
 """Checks of the row kernels' 4-bit linear (kernels/csrc/int4_rows.cpp) against its arithmetic in
-torch (quantized.int4_rows_reference), shared by the built op's test and the other instruction
+torch (int4_rows_reference below), shared by the built op's test and the other instruction
 set paths' (each built in its own process)."""
 
 from __future__ import annotations
 
 import torch
 
-from services.executor.quantized import int4_rows_reference, pack_int4_rows
+from services.executor.quantized import GROUP_SIZE, pack_int4_rows
 
 # (out, in): one pair of tiles and one block; the embedded model's q/k/v and down shapes.
 SHAPES = [(16, 32), (960, 576), (576, 1536)]
 ROWS = [1, 2, 3, 4, 5, 9, 33]
+
+
+def int4_rows_reference(
+    x: torch.Tensor,  # [rows, in] fp32
+    q: torch.Tensor,  # [out, in] integers in [0, 15]
+    d: torch.Tensor,  # [out, in // 32] fp16
+    m: torch.Tensor,  # [out, in // 32] fp16
+) -> torch.Tensor:  # [rows, out] fp64
+    """int4_rows_linear's arithmetic in torch (float64 accumulation): each row quantized per
+    block of 32 to -127..127 by max |x| / 127, exact integer sums per block, then
+    sum_b d * s * I + m * X."""
+    rows, in_features = x.shape
+    blocks = in_features // GROUP_SIZE
+    xb = x.float().view(rows, blocks, GROUP_SIZE)
+    amax = xb.abs().amax(-1)  # [rows, blocks]
+    inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    a = (xb * inverse[..., None]).round().clamp(-127, 127)  # [rows, blocks, 32]
+    s, sums = amax / 127.0, xb.sum(-1)
+    qb = q.double().view(q.shape[0], blocks, GROUP_SIZE)  # [out, blocks, 32]
+    integers = torch.einsum("rbi,obi->rob", a.double(), qb)  # exact in fp64
+    dd, mm = d.double(), m.double()  # [out, blocks]
+    return (integers * dd[None] * s.double()[:, None] + mm[None] * sums.double()[:, None]).sum(-1)
 
 
 def random_case(out_features: int, in_features: int, seed: int):
