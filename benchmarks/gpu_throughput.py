@@ -287,48 +287,8 @@ def main() -> None:
     parser.add_argument("--json", default="benchmarks/results/gpu_throughput.json")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="pagedserve-gpu-bench-"))
-    try:
-        model_dir = build_model(
-            args.shape, args.device, getattr(torch, args.dtype), args.tokenizer, work / args.shape
-        )
-        vocab = SHAPES[args.shape]["vocab_size"]
-        results: dict = {}
-        for kind in args.workloads:
-            prompts, out_lens = workload(kind, args, vocab)
-            entry = {"in_process": run_in_process(model_dir, args, prompts, out_lens)}
-            if args.compare_sync:  # launched behind the step in flight, or one after another
-                entry["in_process_sync"] = run_in_process(
-                    model_dir, args, prompts, out_lens, overlap=False
-                )
-                entry["overlap_over_sync"] = (
-                    entry["in_process"]["tok_per_s"] / entry["in_process_sync"]["tok_per_s"]
-                )
-            if args.compare_eager:  # CUDA graphs (the default on CUDA) against eager steps
-                entry["in_process_eager"] = run_in_process(
-                    model_dir, args, prompts, out_lens, enforce_eager=True
-                )
-                entry["graphs_over_eager"] = (
-                    entry["in_process"]["tok_per_s"] / entry["in_process_eager"]["tok_per_s"]
-                )
-            if not args.skip_served:
-                # Async scheduling (the default) and the synchronous loop, side by side.
-                for key, overlap in (("served", True), ("served_sync", False)):
-                    if overlap or args.served_sync:
-                        entry[key] = run_served(model_dir, args, prompts, out_lens, overlap)
-                        entry[f"{key}_vs_in_process"] = (
-                            entry[key]["tok_per_s"] / entry["in_process"]["tok_per_s"]
-                        )
-            if not args.skip_hf:
-                entry["transformers"] = run_transformers(model_dir, args, prompts, out_lens)
-                entry["in_process_vs_transformers"] = (
-                    entry["in_process"]["tok_per_s"] / entry["transformers"]["tok_per_s"]
-                )
-            results[kind] = entry
-            print(kind, json.dumps(entry, indent=1))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    results: dict = {}
     record = {
         "command": " ".join(["benchmarks/gpu_throughput.py", *sys.argv[1:]]),
         "device": device,
@@ -337,7 +297,57 @@ def main() -> None:
         "torch": torch.__version__,
         "results": results,
     }
-    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+
+    def save() -> None:  # after every run: a stage cut off by its time limit keeps what it did
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+
+    def attempt(entry: dict, key: str, run, *run_args, **run_kwargs) -> None:
+        # One run's failure is recorded and the next runs go on: a GPU session is too short to
+        # lose every figure to one broken mode.
+        try:
+            entry[key] = run(*run_args, **run_kwargs)
+        except Exception as error:  # noqa: BLE001 - recorded in the JSON, then the next run
+            entry[key] = {"error": f"{type(error).__name__}: {error}"}
+            print(f"{key} failed: {entry[key]['error']}", file=sys.stderr)
+        save()
+
+    def ratio(entry: dict, key: str, over: str, under: str) -> None:
+        if "tok_per_s" in entry.get(over, {}) and "tok_per_s" in entry.get(under, {}):
+            entry[key] = entry[over]["tok_per_s"] / entry[under]["tok_per_s"]
+
+    work = Path(tempfile.mkdtemp(prefix="pagedserve-gpu-bench-"))
+    try:
+        start = time.perf_counter()
+        model_dir = build_model(
+            args.shape, args.device, getattr(torch, args.dtype), args.tokenizer, work / args.shape
+        )
+        record["model_build_seconds"] = time.perf_counter() - start
+        vocab = SHAPES[args.shape]["vocab_size"]
+        for kind in args.workloads:
+            prompts, out_lens = workload(kind, args, vocab)
+            work_args = (model_dir, args, prompts, out_lens)
+            entry = results[kind] = {}
+            attempt(entry, "in_process", run_in_process, *work_args)
+            if args.compare_sync:  # launched behind the step in flight, or one after another
+                attempt(entry, "in_process_sync", run_in_process, *work_args, overlap=False)
+                ratio(entry, "overlap_over_sync", "in_process", "in_process_sync")
+            if args.compare_eager:  # CUDA graphs (the default on CUDA) against eager steps
+                attempt(entry, "in_process_eager", run_in_process, *work_args, enforce_eager=True)
+                ratio(entry, "graphs_over_eager", "in_process", "in_process_eager")
+            if not args.skip_served:
+                # Async scheduling (the default) and the synchronous loop, side by side.
+                for key, overlap in (("served", True), ("served_sync", False)):
+                    if overlap or args.served_sync:
+                        attempt(entry, key, run_served, *work_args, overlap)
+                        ratio(entry, f"{key}_vs_in_process", key, "in_process")
+            if not args.skip_hf:
+                attempt(entry, "transformers", run_transformers, *work_args)
+                ratio(entry, "in_process_vs_transformers", "in_process", "transformers")
+            save()
+            print(kind, json.dumps(entry, indent=1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    save()
     print(f"wrote {args.json}")
 
 
