@@ -7,6 +7,7 @@
 #   benchmarks/gpu_session.sh --dry-run                       # here (CPU): imports, flags, tests collected
 #   STAGES="tests kernels 1b" benchmarks/gpu_session.sh       # on the GPU machine
 #   STAGES=sweep benchmarks/gpu_session.sh                    # launch options; commit its file
+#   STAGES="syncs 1b-quick" benchmarks/gpu_session.sh         # overlap checks, a shorter 1b
 #
 # --prepare downloads the wheels the GPU image lacks (as last seen: Python 3.12 with torch,
 # triton, transformers, aiohttp, msgpack, uvloop, pytest; no pyzmq, gguf or pytest-asyncio)
@@ -97,6 +98,13 @@ for s in $STAGES; do
         stage 1b 210 benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \
             --workloads fixed --compare-eager --compare-sync --served-sync \
             --json "$OUT/gpu_throughput_1b.json" ;;
+    1b-quick)  # in-process overlapped and one step after another, served async: no eager, no
+        # served sync, no transformers
+        stage 1b-quick 150 benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \
+            --workloads fixed --compare-sync --skip-hf --json "$OUT/gpu_throughput_1b_quick.json" ;;
+    syncs)  # synchronising CUDA calls while an overlapped step is launched (should be none)
+        stage syncs 120 benchmarks/gpu_sync_points.py --tokenizer "$TOKENIZER" \
+            --json "$OUT/gpu_sync_points.json" ;;
     1b-varied)
         stage 1b-varied 90 benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \
             --workloads varied --skip-hf --json "$OUT/gpu_throughput_1b_varied.json" ;;
@@ -104,8 +112,9 @@ for s in $STAGES; do
         stage 8b 150 benchmarks/gpu_throughput.py --shape 8b --tokenizer "$TOKENIZER" \
             --workloads fixed --skip-hf --skip-served --json "$OUT/gpu_throughput_8b.json" ;;
     sweep)  # not in the default set: num_warps/num_stages per kernel, written to kernels/configs
-        stage sweep 240 benchmarks/triton_config_sweep.py \
-            --json "$OUT/triton_config_sweep.json" ;;
+        stage sweep 240 benchmarks/triton_config_sweep.py --warps 2,4,8 --stages 2,3 \
+            --json "$OUT/triton_config_sweep.json"
+        cp kernels/configs/*.json "$OUT"/ 2>/dev/null ;;
     *) echo "unknown stage $s" >>"$LOG"; FAILED=1 ;;
     esac
 done

@@ -73,6 +73,7 @@ def run_in_process(
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     engine.stats.seconds.clear()
     engine.stats.num_steps = 0
+    host = _time_executor_calls(engine)
     step_times: list[float] = []
     decode_steps: list[float] = []
     last = [time.perf_counter(), 0]  # time and batched-token count after the previous step
@@ -105,11 +106,35 @@ def run_in_process(
         if decode_steps
         else None,
         "phase_seconds": dict(engine.stats.seconds),
+        # Host wall seconds in the executor's launch() and collect() and the rest of the loop
+        # (scheduling, updates): collect() waits for the device, so a small one with the rest
+        # large means the host, not the GPU, sets the pace.
+        "host_seconds": {**host, "rest": elapsed - sum(host.values())},
     }
     del engine
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _time_executor_calls(engine: LLMEngine) -> dict[str, float]:
+    """Wraps the in-process executor's launch() and collect() to add up their wall seconds."""
+    totals = {"launch": 0.0, "collect": 0.0}
+    executor = engine.core.executor.executor
+
+    def timed(name: str, call):
+        def run(arg):
+            start = time.perf_counter()
+            try:
+                return call(arg)
+            finally:
+                totals[name] += time.perf_counter() - start
+
+        return run
+
+    executor.launch = timed("launch", executor.launch)
+    executor.collect = timed("collect", executor.collect)
+    return totals
 
 
 async def _stream_share(url: str, model: str, prompts, out_lens, start_at: float) -> dict:

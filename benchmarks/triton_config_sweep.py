@@ -1,10 +1,11 @@
 """GPU: choose num_warps and num_stages for the attention kernels on this GPU, by timing.
 
-For each kernel (decode, prefill) and each option pair of --warps x --stages, times the kernel
+For each kernel (decode, prefill) and each option pair of --warps x --stages (and for decode
+each --decode-tiles, the context tokens it reads per loop iteration), times the kernel
 on a few serving shapes (bf16, 32 query heads over 8 KV heads of 128: Llama-3-8B's layout)
-with CUDA events (triton.testing.do_bench, medians), scores each pair by the geometric mean of
-its times over the default's (4 warps, 3 stages), and writes the best pair per kernel to
-kernels/configs/<device name>.json, which kernels/triton_configs.py reads at launch. A pair
+with CUDA events (triton.testing.do_bench, medians), scores each by the geometric mean of its
+times over the default's (4 warps, 3 stages; 64 tokens a tile), and writes the best per kernel
+to kernels/configs/<device name>.json, which kernels/triton_configs.py reads at launch. A pair
 that fails to compile (too many registers or too much shared memory) is recorded and skipped.
 Needs CUDA; elsewhere it says so and exits 1.
 
@@ -55,33 +56,32 @@ def prefill_case(num_prompts: int, tokens: int, device):
     return lambda: paged_prefill_attention(q, k, v, table, starts, lens, HEAD_DIM**-0.5, tokens)
 
 
-def sweep(kernel: str, cases: dict, pairs: list[tuple[int, int]], do_bench) -> dict:
+def sweep(kernel: str, cases: dict, grid: list[dict[str, int]], default: dict, do_bench) -> dict:
+    """Times every option set of `grid` on every case; scores each by the geometric mean of its
+    times over `default`'s."""
     from kernels import triton_configs
 
     rows = []
-    for warps, stages in pairs:
-        triton_configs.trying[kernel] = {"num_warps": warps, "num_stages": stages}
+    for options in grid:
+        triton_configs.trying[kernel] = dict(options)
         try:
             times = {name: do_bench(run) for name, run in cases.items()}
-        except Exception as exc:  # noqa: BLE001 - an option pair the compiler refuses
-            rows.append({"num_warps": warps, "num_stages": stages, "error": str(exc)[:200]})
+        except Exception as exc:  # noqa: BLE001 - an option set the compiler refuses
+            rows.append({**options, "error": str(exc)[:200]})
             continue
         finally:
             triton_configs.trying.pop(kernel, None)
-        rows.append({"num_warps": warps, "num_stages": stages, "ms": times})
-    default = next(
-        r for r in rows
-        if (r["num_warps"], r["num_stages"]) == tuple(triton_configs.DEFAULT.values())
-    )  # fmt: skip
-    if "ms" not in default:
-        raise RuntimeError(f"{kernel}: the default options failed: {default['error']}")
+        rows.append({**options, "ms": times})
+    reference = next(r for r in rows if all(r[k] == v for k, v in default.items()))
+    if "ms" not in reference:
+        raise RuntimeError(f"{kernel}: the default options failed: {reference['error']}")
     for r in rows:
         if "ms" in r:
-            ratios = [r["ms"][n] / default["ms"][n] for n in cases]
+            ratios = [r["ms"][n] / reference["ms"][n] for n in cases]
             r["over_default"] = math.exp(sum(map(math.log, ratios)) / len(ratios))
     timed = [r for r in rows if "over_default" in r]
     best = min(timed, key=lambda r: r["over_default"])
-    return {"rows": rows, "best": {k: best[k] for k in ("num_warps", "num_stages")},
+    return {"rows": rows, "default": default, "best": {k: best[k] for k in default},
             "best_over_default": best["over_default"]}  # fmt: skip
 
 
@@ -89,6 +89,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warps", default="2,4,8")
     parser.add_argument("--stages", default="1,2,3,4")
+    parser.add_argument("--decode-tiles", default="16,32,64,128",
+                        help="decode kernel: context tokens per loop iteration")  # fmt: skip
     parser.add_argument("--json", default="benchmarks/results/triton_config_sweep.json")
     parser.add_argument("--no-write-config", action="store_true",
                         help="report only; leave kernels/configs alone")  # fmt: skip
@@ -99,6 +101,7 @@ def main() -> int:
     import triton.testing
 
     from kernels.triton_configs import DEFAULT, config_path
+    from kernels.triton_decode import TILE_TOKENS
 
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
@@ -106,11 +109,22 @@ def main() -> int:
                                    map(int, args.stages.split(","))))  # fmt: skip
     if tuple(DEFAULT.values()) not in pairs:
         pairs.append(tuple(DEFAULT.values()))  # the reference every pair is scored against
+    tiles = sorted({*map(int, args.decode_tiles.split(",")), TILE_TOKENS})
+    grids = {
+        "decode": [
+            {"num_warps": w, "num_stages": n, "tile_tokens": t}
+            for (w, n), t in itertools.product(pairs, tiles)
+        ],  # fmt: skip
+        "prefill": [{"num_warps": w, "num_stages": n} for w, n in pairs],
+    }
+    defaults = {"decode": {**DEFAULT, "tile_tokens": TILE_TOKENS}, "prefill": dict(DEFAULT)}
     cases = {
         "decode": {f"{b}x{c}": decode_case(b, c, device) for b, c in DECODE_SHAPES},
         "prefill": {f"{p}x{t}": prefill_case(p, t, device) for p, t in PREFILL_SHAPES},
     }
-    results = {k: sweep(k, c, pairs, triton.testing.do_bench) for k, c in cases.items()}
+    results = {
+        k: sweep(k, c, grids[k], defaults[k], triton.testing.do_bench) for k, c in cases.items()
+    }
     for kernel, r in results.items():
         print(f"{kernel}: best {r['best']} at {r['best_over_default']:.3f}x the default")
     if not args.no_write_config:

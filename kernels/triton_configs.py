@@ -39,7 +39,8 @@ trying: dict[str, dict[str, int]] = {}
 
 
 def launch_options(kernel: str, device: torch.device) -> dict[str, int]:
-    """num_warps and num_stages for `kernel` on `device`; {} off a GPU."""
+    """num_warps and num_stages for `kernel` on `device` (and the decode kernel's tile_tokens
+    where a sweep chose one); {} off a GPU."""
     if device.type != "cuda":
         return {}
     if kernel in trying:

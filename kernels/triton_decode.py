@@ -33,6 +33,10 @@ MAX_AUTO_SPLITS = 16
 # Once the batch alone launches this many (sequence, kv head) programs the GPU is already busy
 # and splitting only adds the merge; vLLM's v1/v2 switch uses a similar occupancy test.
 ENOUGH_PROGRAMS = 256
+# Context tokens the decode kernel reads per loop iteration (several cache blocks at once, for
+# loads in flight) when its dots run on tensor cores; a GPU's config file may set another
+# ("tile_tokens", chosen by benchmarks/triton_config_sweep.py).
+TILE_TOKENS = 64
 
 
 # The table's width changes from step to step: specialising on it (== 1, divisible by 16)
@@ -73,6 +77,7 @@ def _paged_decode_kernel(
     NATIVE_DOT: tl.constexpr,
     SOFTCAP: tl.constexpr,  # cap the scores (Gemma 2); off: no extra work
     WINDOW: tl.constexpr,  # sliding window: skip the blocks before it, mask the rest
+    TILE_BLOCKS: tl.constexpr,  # cache blocks per loop iteration (a power of two)
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -81,7 +86,6 @@ def _paged_decode_kernel(
 
     offs_g = tl.arange(0, GROUP_PAD)  # query head within the group
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    offs_t = tl.arange(0, BLOCK_SIZE)  # slot within a cache block
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_g  # query head h reads kv head h // GROUP, as in HF/SDPA
@@ -111,32 +115,39 @@ def _paged_decode_kernel(
     if not NATIVE_DOT:
         q = q.to(tl.float32)
 
-    # Online softmax state per query head. Every block the loop visits holds at least one
-    # visible key, so m_i is finite after the first block and exp(m_i - m_new) never sees
-    # (-inf) - (-inf).
+    # Online softmax state per query head. Every tile the loop visits starts with a block that
+    # holds at least one visible key, so m_i is finite after the first tile and
+    # exp(m_i - m_new) never sees (-inf) - (-inf).
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
 
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    for b in range(start_block, end_block):
+    # TILE_BLOCKS cache blocks per iteration: their ids are loaded as one vector and their K/V
+    # rows as one [TILE, HEAD_DIM_PAD] gather, so several blocks' loads are in flight at once
+    # instead of one 16-token block behind each dependent block-id load.
+    offs_n = tl.arange(0, TILE_BLOCKS * BLOCK_SIZE)  # token within the tile
+    slot = offs_n % BLOCK_SIZE
+    for b0 in range(start_block, end_block, TILE_BLOCKS):
+        b = b0 + offs_n // BLOCK_SIZE  # [TILE] the table entry of each token's block
+        in_range = b < end_block  # a tile past this split's last block reads nothing
         # int64 before multiplying by the block stride: block_id * stride overflows int32 on
         # caches above 2**31 elements.
-        block_id = tl.load(bt_row + b, mask=b < max_blocks, other=0).to(tl.int64)
+        block_id = tl.load(bt_row + b, mask=in_range, other=0).to(tl.int64)
         block_ok = (block_id >= 0) & (block_id < num_cache_blocks)
-        pos = b * BLOCK_SIZE + offs_t  # logical positions of this block's slots
-        # A bad block id reads nothing. (Folded into the bound rather than `vector & scalar`,
-        # which the Triton interpreter turns into an int mask that tl.load rejects.)
-        t_mask = (pos < tl.where(block_ok, seq_len, 0)) & (pos >= first_pos)
+        pos = b * BLOCK_SIZE + slot  # logical positions of the tile's slots
+        visible = (pos < seq_len) & (pos >= first_pos) & in_range
+        # A bad block id reads nothing (its slots score 0 against a zero V, as before).
+        t_mask = visible & block_ok
         kv_offs = (
-            block_id * stride_c_block
-            + offs_t[:, None] * stride_c_slot
+            block_id[:, None] * stride_c_block
+            + slot[:, None] * stride_c_slot
             + kv_head * stride_c_head
             + offs_d[None, :]
         )
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        # [BLOCK_SIZE, HEAD_DIM_PAD]. Slots past seq_len load as 0: the cache there may hold
-        # stale values or even NaN, and 0 * NaN would poison the P @ V sum.
+        # [TILE, HEAD_DIM_PAD]. Slots past seq_len load as 0: the cache there may hold stale
+        # values or even NaN, and 0 * NaN would poison the P @ V sum.
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
         if not NATIVE_DOT:
@@ -146,10 +157,10 @@ def _paged_decode_kernel(
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         else:
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        s = s * scale  # [GROUP_PAD, BLOCK_SIZE]
+        s = s * scale  # [GROUP_PAD, TILE]
         if SOFTCAP:  # before the mask: tanh would turn -inf into -softcap
             s = softcap_scores(s, softcap)
-        s = tl.where(((pos < seq_len) & (pos >= first_pos))[None, :], s, float("-inf"))
+        s = tl.where(visible[None, :], s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old max
@@ -255,6 +266,14 @@ def tile_config(group: int, head_dim: int, block_size: int) -> tuple[int, int, b
     return group_pad, head_dim_pad, use_dot
 
 
+def tile_blocks(tile_tokens: int, block_size: int, use_dot: bool) -> int:
+    """Cache blocks per decode-loop iteration: tile_tokens' worth (a power of two), one when
+    the broadcast form runs (its [GROUP_PAD, TILE, HEAD_DIM] product lives in registers)."""
+    if not use_dot or tile_tokens <= block_size:
+        return 1
+    return triton.next_power_of_2(tile_tokens // block_size)
+
+
 def paged_decode_attention(
     query: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query token per sequence
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -266,6 +285,7 @@ def paged_decode_attention(
     softcap: float | None = None,  # scores become softcap * tanh(scores / softcap)
     window: int | None = None,  # sliding window: keys at positions >= seq_len - window visible
     partials: list | None = None,  # tests: receives (part_max, part_sum) of a split launch
+    tile_tokens: int | None = None,  # tokens per loop iteration; None: the GPU's config
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim], dtype of query
     """Decode attention of one query token per sequence over its paged K/V context.
 
@@ -326,6 +346,8 @@ def paged_decode_attention(
         )
         part_sum = torch.empty_like(part_max)
 
+    options = launch_options("decode", query.device)
+    tile_tokens = options.pop("tile_tokens", TILE_TOKENS) if tile_tokens is None else tile_tokens
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query,
         k_cache,
@@ -359,7 +381,8 @@ def paged_decode_attention(
         NATIVE_DOT=native_dot,
         SOFTCAP=bool(softcap),
         WINDOW=bool(window),
-        **launch_options("decode", query.device),
+        TILE_BLOCKS=tile_blocks(tile_tokens, block_size, use_dot),
+        **options,
     )
     if num_splits > 1:
         if partials is not None:

@@ -26,6 +26,7 @@ from kernels.triton_decode import (  # noqa: E402
     MAX_AUTO_SPLITS,
     choose_num_splits,
     paged_decode_attention,
+    tile_blocks,
     tile_config,
 )
 
@@ -180,6 +181,51 @@ def test_int32_tables_and_extreme_split_counts():
     for num_splits in (max_blocks, 50, None):
         out = _run(query, k_cache, v_cache, meta, num_splits, table_dtype=torch.int32)
         _assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("tile_tokens", [16, 32, 64, 128])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_tiles_of_several_blocks_match_reference(tile_tokens, num_splits):
+    # Several cache blocks per loop iteration: a tile that runs past a split's last block, past
+    # the sequence's last block or over a partial last block reads nothing there.
+    query, k_cache, v_cache, meta, _ = _make_case([1, 17, 50, 80], 16, 4, 2, 16, seed=9)
+    expected = _reference(query, k_cache, v_cache, meta)
+    out = paged_decode_attention(
+        query, k_cache, v_cache, meta.block_tables.to(query.device),
+        meta.seq_lens.to(query.device), query.shape[-1] ** -0.5,
+        num_splits=num_splits, tile_tokens=tile_tokens,
+    )  # fmt: skip
+    _assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("tile_tokens", [32, 64])
+def test_tiles_of_several_blocks_keep_the_window(tile_tokens):
+    # A window's first block starts the first tile; blocks wholly before it (NaN here, as a
+    # freed and reused block may hold) are never read, whatever the tile.
+    query, k_cache, v_cache, meta, _ = _make_case([70, 33, 5], 16, 4, 2, 16, seed=10)
+    window = 20
+    scale = query.shape[-1] ** -0.5
+    f32 = [t.float().cpu() for t in (query, k_cache, v_cache)]
+    expected = paged_attention(*f32, meta, scale, window=window)
+    for i, n in enumerate(meta.seq_lens.tolist()):
+        for b in range(max(n - window, 0) // 16):  # wholly before the window
+            block = int(meta.block_tables[i, b])
+            k_cache[block], v_cache[block] = float("nan"), float("nan")
+    for num_splits in (1, 2):
+        out = paged_decode_attention(
+            query, k_cache, v_cache, meta.block_tables.to(query.device),
+            meta.seq_lens.to(query.device), scale, num_splits=num_splits, window=window,
+            tile_tokens=tile_tokens,
+        )  # fmt: skip
+        _assert_close(out, expected, torch.float32)
+
+
+def test_tile_blocks_rule():
+    assert tile_blocks(64, 16, use_dot=True) == 4
+    assert tile_blocks(64, 32, use_dot=True) == 2
+    assert tile_blocks(16, 16, use_dot=True) == 1
+    assert tile_blocks(8, 16, use_dot=True) == 1
+    assert tile_blocks(64, 8, use_dot=False) == 1  # the broadcast form keeps one block
 
 
 def test_splits_share_out_each_sequence_not_the_table_width():
