@@ -106,6 +106,14 @@ CASES = [
         ("device", "results.fixed.in_process.tok_per_s"),
     ),
     Case(
+        "gpu_sync_points",
+        lambda m, out: ["--tokenizer", str(m), "--num-requests", "2", "--input-len", "8",
+                        "--output-len", "4", "--json", str(out)],
+        ("device", "greedy.steps", "penalties.steps"),
+        (pytest.mark.gpu,
+         pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    ),
+    Case(
         "int8_smoothing_cost",
         lambda m, out: ["--model", str(m), "--rows", "1", "--decode-batches", "2",
                         "--prefill-len", "16", "--repeats", "1", "--threads", "1",
