@@ -171,21 +171,16 @@ def main() -> int:
     import torch
 
     from services.bench.random_models import build_model
+    from services.bench.ref_worktree import ref_worktree
     from shared.model_source import resolve_model
 
     work = Path(tempfile.mkdtemp(prefix="pagedserve-host-cost-"))
     args.model_dir = str(build_model("tiny", "cpu", torch.float32, resolve_model(None), work / "m"))
     roots = {"current": ROOT}
-    worktree = None
-    if args.compare_ref:
-        worktree = Path(tempfile.mkdtemp(prefix="pagedserve-host-ref-")) / "tree"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(worktree), args.compare_ref],
-            cwd=ROOT, check=True, capture_output=True,
-        )  # fmt: skip
-        roots[args.compare_ref] = worktree
-    runs: dict[str, list[dict]] = {label: [] for label in roots}
-    try:
+    with ref_worktree(ROOT, args.compare_ref, "pagedserve-host-ref-") as tree:
+        if tree is not None:
+            roots[args.compare_ref] = tree
+        runs: dict[str, list[dict]] = {label: [] for label in roots}
         for _ in range(args.rounds):
             for label, root in roots.items():
                 runs[label].append(run(root, args))
@@ -195,9 +190,6 @@ def main() -> int:
                     if w != "code"
                 }
                 print(f"{label}: {summary}", flush=True)
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     best = {
         label: {w: {p: min(r[w][p] for r in rs) for p in rs[0][w]} for w in rs[0] if w != "code"}
         for label, rs in runs.items()

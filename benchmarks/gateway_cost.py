@@ -33,6 +33,7 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
+from services.bench.ref_worktree import ref_worktree
 from shared.ipc import Addresses, make_socket, recv_from, send_to
 from shared.model_source import resolve_model
 from shared.protocol import (
@@ -262,26 +263,17 @@ def main() -> int:
     args = parser.parse_args()
     counts = [int(x) for x in args.gateways.split(",")]
     roots = {"": ROOT}
-    worktree = None
-    if args.compare_ref:
-        worktree = Path(tempfile.mkdtemp(prefix="pagedserve-gateway-ref-")) / "tree"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(worktree), args.compare_ref],
-            cwd=ROOT, check=True, capture_output=True,
-        )  # fmt: skip
-        roots[f" at {args.compare_ref}"] = worktree
-    runs: dict[str, list[list[dict]]] = {
-        f"{n} gateways{suffix}": [] for n in counts for suffix in roots
-    }
-    try:
+    with ref_worktree(ROOT, args.compare_ref, "pagedserve-gateway-ref-") as tree:
+        if tree is not None:
+            roots[f" at {args.compare_ref}"] = tree
+        runs: dict[str, list[list[dict]]] = {
+            f"{n} gateways{suffix}": [] for n in counts for suffix in roots
+        }
         for _ in range(args.rounds):  # alternated, so that drift in the machine's load hits all
             for n in counts:
                 for suffix, root in roots.items():
                     print(f"{n} gateway process(es){suffix}", flush=True)
                     runs[f"{n} gateways{suffix}"].append(run_gateways(args, n, root))
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT)
     best = {
         label: {
             str(r["streams"]): min(

@@ -1,0 +1,144 @@
+"""The scheduler's host work per decode step at batch 256: planning and applying results.
+
+On a GPU the 1.1B shape's steps wait on the host (docs/benchmarks.md, "GPU: first measurements
+on an H200"), and the scheduler is a large part of it. This runs the in-process engine with the
+simulated executor (no model: every step's result comes back at once, so nothing but the
+scheduler and the engine's loop costs time) and times, per decode step at the full batch, the
+plan (schedule_ahead() with async scheduling, schedule() without), update() (applying the
+sampled tokens), and the whole engine step. Medians over the decode steps, best of alternated
+rounds; --compare-ref runs a git revision the same way, in the same rounds.
+
+    .venv/bin/python benchmarks/scheduler_host_cost.py --compare-ref HEAD~1 \\
+        --json benchmarks/results/scheduler_host_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("plan", "update", "step")
+
+
+def worker(args) -> dict:
+    """Runs in the checkout under test (PYTHONPATH, set by run()); returns per-phase medians
+    in ms for each scheduling mode."""
+    import random
+
+    from services.engine.llm_engine import LLMEngine
+    from services.scheduler.scheduler import Scheduler
+    from shared.config import EngineConfig, SchedulerConfig, SimConfig
+    from shared.sampling import SamplingParams
+
+    timings: dict[str, float] = {}
+
+    def timed(name: str, call):
+        def run(*a, **k):
+            start = time.perf_counter()
+            try:
+                return call(*a, **k)
+            finally:
+                timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+        return run
+
+    Scheduler.schedule = timed("plan", Scheduler.schedule)
+    Scheduler.schedule_ahead = timed("plan", Scheduler.schedule_ahead)
+    Scheduler.update = timed("update", Scheduler.update)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 30000) for _ in range(args.input_len)] for _ in range(args.batch)]
+    out = {}
+    for mode, overlap in (("async", True), ("sync", False)):
+        config = EngineConfig(
+            executor="sim",
+            sim=SimConfig(gpu="a100-80gb", model="llama-7b"),
+            scheduler=SchedulerConfig(
+                max_num_seqs=args.batch, max_num_batched_tokens=8192, async_scheduling=overlap
+            ),
+        )
+        engine = LLMEngine(config, overlap_steps=overlap)
+        sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+        steps: list[dict[str, float]] = []
+        last = [time.perf_counter()]
+
+        def on_step(e) -> None:
+            now = time.perf_counter()
+            if e.scheduler.num_running_seqs == args.batch and not e.scheduler.waiting:
+                steps.append({**timings, "step": now - last[0]})
+            timings.clear()
+            last[0] = time.perf_counter()
+
+        engine.generate(prompts[:8], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+        timings.clear()
+        last[0] = time.perf_counter()
+        engine.generate(prompts, [sampling] * len(prompts), on_step=on_step)
+        steps = steps[2:]  # the first steps at full batch still carry the prompts' last chunks
+        out[mode] = {p: 1e3 * statistics.median(s.get(p, 0.0) for s in steps) for p in PHASES}
+        out[mode]["steps"] = len(steps)
+    return out
+
+
+def run(root: Path, args) -> dict:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    argv += ["--batch", str(args.batch), "--input-len", str(args.input_len)]
+    argv += ["--output-len", str(args.output_len)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compare-ref", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+    from services.bench.ref_worktree import ref_worktree
+
+    roots = {"current": ROOT}
+    with ref_worktree(ROOT, args.compare_ref, "pagedserve-scheduler-ref-") as tree:
+        if tree is not None:
+            roots[args.compare_ref] = tree
+        runs: dict[str, list[dict]] = {label: [] for label in roots}
+        for _ in range(args.rounds):  # alternated, so that drift in the machine's load hits all
+            for label, root in roots.items():
+                runs[label].append(run(root, args))
+                print(label, json.dumps(runs[label][-1]), flush=True)
+    best = {
+        label: {
+            mode: {p: min(r[mode][p] for r in rs) for p in (*PHASES, "steps")} for mode in rs[0]
+        }
+        for label, rs in runs.items()
+    }
+    for label, by_mode in best.items():
+        for mode, phases in by_mode.items():
+            split = ", ".join(f"{p} {phases[p]:.2f}" for p in PHASES)
+            print(f"{label} {mode}: ms per decode step at {args.batch}: {split}")
+    if args.json:
+        report = {
+            "command": " ".join(["benchmarks/scheduler_host_cost.py", *sys.argv[1:]]),
+            "batch": args.batch,
+            "runs": runs,
+            "best_ms": best,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
