@@ -84,7 +84,8 @@ class BlockManager:
         """
         tables, pool = (self.cpu_tables, self.cpu) if swapped else (self.tables, self.device)
         needed = 0
-        writers: Counter[int] = Counter()
+        writers: dict[int, int] = {}  # shared block -> writers (a plain dict: called per group)
+        ref_counts = pool.ref_counts
         for seq_id, num_computed, num_new in writes:
             table = tables.get(seq_id, [])
             end_block = cdiv(num_computed + num_new, self.block_size)
@@ -97,10 +98,10 @@ class BlockManager:
                 missing = max(0, missing - freed)
             needed += missing
             for i in range(num_computed // self.block_size, min(end_block, len(table))):
-                if pool.ref_counts[table[i]] > 1:
-                    writers[table[i]] += 1
+                if ref_counts[table[i]] > 1:
+                    writers[table[i]] = writers.get(table[i], 0) + 1
         for block_id, w in writers.items():
-            needed += w if w < pool.ref_counts[block_id] else w - 1
+            needed += w if w < ref_counts[block_id] else w - 1
         return needed
 
     def num_blocks_of(self, seq_ids: list[int], cpu: bool = False) -> int:
@@ -195,6 +196,8 @@ class BlockManager:
 
         Safe with a step in flight (async scheduling): a freed block can be written only by a
         later step, which runs after the one that may still read it."""
+        if not self.sliding_window:
+            return  # most models: every decode of every step comes through here
         table = self.tables.get(seq_id)
         if not table:
             return

@@ -612,11 +612,16 @@ class Scheduler:
                 if group not in beam_groups:
                     beam_groups.append(group)
                 continue
-            targets = [seq] + [self._fork(group, seq, cid) for cid in entry.fork_seq_ids]
-            update = updates.setdefault(group.request_id, GroupUpdate(group))
-            for target in targets:
-                self._append_sampled(group, target, sampled[target.seq_id], update)
-            self._remove_if_done(group, updates)
+            update = updates.get(group.request_id)
+            if update is None:  # (not setdefault: that would build an update per sequence)
+                update = updates[group.request_id] = GroupUpdate(group)
+            if entry.fork_seq_ids:  # the children copy seq before its sampled token joins
+                targets = [seq] + [self._fork(group, seq, cid) for cid in entry.fork_seq_ids]
+                for target in targets:
+                    self._append_sampled(group, target, sampled[target.seq_id], update)
+                self._remove_if_done(group, updates)
+            elif self._append_sampled(group, seq, sampled[seq.seq_id], update):
+                self._remove_if_done(group, updates)  # only an ended sequence ends a group
         for group in beam_groups:
             if all(s.seq_id in group.beam_draws for s in group.live_seqs()):
                 freed, done = advance_beams(group, self.block_manager, self._new_seq_id)
@@ -715,6 +720,8 @@ class Scheduler:
         return switch is not None and seq.num_computed_tokens > 0 and seq.rope_len <= switch < end
 
     def _outgrows_rope_writes(self, writes: list[tuple[Sequence, int]]) -> bool:
+        if self.rope_switch_len is None:
+            return False  # most models: no per-sequence test, every group of every step
         return any(self._outgrows_rope(seq, seq.num_computed_tokens + n) for seq, n in writes)
 
     def _recompute_for_rope(self, group: SequenceGroup) -> None:
