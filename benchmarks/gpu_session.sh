@@ -8,6 +8,7 @@
 #   STAGES="tests kernels 1b" benchmarks/gpu_session.sh       # on the GPU machine
 #   STAGES=sweep benchmarks/gpu_session.sh                    # launch options; commit its file
 #   STAGES="syncs 1b-quick" benchmarks/gpu_session.sh         # overlap checks, a shorter 1b
+#   STAGES=profile benchmarks/gpu_session.sh                  # where a step's host time goes
 #
 # --prepare downloads the wheels the GPU image lacks (as last seen: Python 3.12 with torch,
 # triton, transformers, aiohttp, msgpack, uvloop, pytest; no pyzmq, gguf or pytest-asyncio)
@@ -102,6 +103,9 @@ for s in $STAGES; do
         # served sync, no transformers
         stage 1b-quick 150 benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \
             --workloads fixed --compare-sync --skip-hf --json "$OUT/gpu_throughput_1b_quick.json" ;;
+    profile)  # the host's Python by function and the ops it launches, 1.1B at batch 256
+        stage profile 150 benchmarks/gpu_step_profile.py --shape 1b --tokenizer "$TOKENIZER" \
+            --json "$OUT/gpu_step_profile.json" ;;
     syncs)  # synchronising CUDA calls while an overlapped step is launched (should be none)
         stage syncs 120 benchmarks/gpu_sync_points.py --tokenizer "$TOKENIZER" \
             --json "$OUT/gpu_sync_points.json" ;;

@@ -68,7 +68,7 @@ def worker(args) -> dict:
         steps: list[dict[str, float]] = []
         last = [time.perf_counter()]
 
-        def on_step(e) -> None:
+        def on_step(e, steps=steps, last=last) -> None:
             now = time.perf_counter()
             if e.scheduler.num_running_seqs == args.batch and not e.scheduler.waiting:
                 steps.append({**timings, "step": now - last[0]})

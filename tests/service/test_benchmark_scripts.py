@@ -106,6 +106,20 @@ CASES = [
         ("device", "results.fixed.in_process.tok_per_s"),
     ),
     Case(
+        "gpu_step_profile",
+        # Its CPU path: the tiny shape.
+        lambda m, out: ["--shape", "tiny", "--device", "cpu", "--dtype", "float32",
+                        "--tokenizer", str(m), "--num-requests", "2", "--input-len", "4",
+                        "--output-len", "2", "--kv-cache-gb", "0.01", "--json", str(out)],
+        ("plain.steps", "python.by_self.0.function", "ops.0.count"),
+    ),
+    Case(
+        "scheduler_host_cost",
+        lambda m, out: ["--batch", "4", "--input-len", "8", "--output-len", "8",
+                        "--rounds", "1", "--json", str(out)],
+        ("best_ms.current.async.plan", "best_ms.current.sync.update"),
+    ),
+    Case(
         "gpu_sync_points",
         lambda m, out: ["--tokenizer", str(m), "--num-requests", "2", "--input-len", "8",
                         "--output-len", "4", "--json", str(out)],
