@@ -7,6 +7,7 @@ drives the same core over the executor process, so both run the same step loop.
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from services.scheduler.outputs import RequestOutput
 from services.scheduler.scheduler import GroupUpdate, Scheduler
 from shared.config import EngineConfig
 from shared.errors import InvalidRequestError
+from shared.heap import freeze_startup_heap
 from shared.protocol import CompileGrammar, GrammarCompiled
 from shared.sampling import SamplingParams
 
@@ -58,6 +60,10 @@ class LLMEngine:
         self.last_step_num_seqs = 0
         self._ids = itertools.count()
         self._tokenizer = None
+        # As the services do once started: the collector's full passes otherwise walk every
+        # import, module and tensor wrapper at each pass (pauses of 0.1 s and more at 256
+        # running sequences on the simulated executor; docs/benchmarks.md).
+        freeze_startup_heap()
 
     @property
     def executor(self) -> Any:
@@ -72,8 +78,11 @@ class LLMEngine:
         self._local.executor = executor
 
     def close(self) -> None:
-        """Stop the executor's other tensor-parallel ranks, if any (idempotent)."""
+        """Stop the executor's other tensor-parallel ranks, if any (idempotent), and hand the
+        frozen heap back to the collector: what this engine leaves in reference cycles would
+        otherwise outlive it (a process that builds engine after engine, as tests do)."""
         self.executor.close()
+        gc.unfreeze()
 
     def __enter__(self) -> LLMEngine:
         return self
