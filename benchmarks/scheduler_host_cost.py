@@ -5,8 +5,9 @@ on an H200"), and the scheduler is a large part of it. This runs the in-process 
 simulated executor (no model: every step's result comes back at once, so nothing but the
 scheduler and the engine's loop costs time) and times, per decode step at the full batch, the
 plan (schedule_ahead() with async scheduling, schedule() without), update() (applying the
-sampled tokens), and the whole engine step. Medians over the decode steps, best of alternated
-rounds; --compare-ref runs a git revision the same way, in the same rounds.
+sampled tokens), and the whole engine step: medians over the decode steps, and the longest step
+and the whole run (where the garbage collector's full passes show), best of alternated rounds;
+--compare-ref runs a git revision the same way, in the same rounds.
 
     .venv/bin/python benchmarks/scheduler_host_cost.py --compare-ref HEAD~1 \\
         --json benchmarks/results/scheduler_host_cost.json
@@ -77,11 +78,16 @@ def worker(args) -> dict:
 
         engine.generate(prompts[:8], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
         timings.clear()
-        last[0] = time.perf_counter()
+        last[0] = start = time.perf_counter()
         engine.generate(prompts, [sampling] * len(prompts), on_step=on_step)
+        total = time.perf_counter() - start
         steps = steps[2:]  # the first steps at full batch still carry the prompts' last chunks
         out[mode] = {p: 1e3 * statistics.median(s.get(p, 0.0) for s in steps) for p in PHASES}
         out[mode]["steps"] = len(steps)
+        # The collector's full passes land in a few steps: medians hide them, these do not.
+        out[mode]["step_max"] = 1e3 * max(s["step"] for s in steps)
+        out[mode]["total_s"] = total
+        engine.close()  # before the next mode's engine: one engine alive at a time
     return out
 
 
@@ -120,14 +126,18 @@ def main() -> int:
                 print(label, json.dumps(runs[label][-1]), flush=True)
     best = {
         label: {
-            mode: {p: min(r[mode][p] for r in rs) for p in (*PHASES, "steps")} for mode in rs[0]
+            mode: {
+                p: min(r[mode][p] for r in rs) for p in (*PHASES, "steps", "step_max", "total_s")
+            }
+            for mode in rs[0]
         }
         for label, rs in runs.items()
     }
     for label, by_mode in best.items():
         for mode, phases in by_mode.items():
             split = ", ".join(f"{p} {phases[p]:.2f}" for p in PHASES)
-            print(f"{label} {mode}: ms per decode step at {args.batch}: {split}")
+            print(f"{label} {mode}: ms per decode step at {args.batch}: {split}; longest step "
+                  f"{phases['step_max']:.1f} ms, whole run {phases['total_s']:.2f} s")  # fmt: skip
     if args.json:
         report = {
             "command": " ".join(["benchmarks/scheduler_host_cost.py", *sys.argv[1:]]),
