@@ -11,7 +11,8 @@
 #   STAGES=profile benchmarks/gpu_session.sh                  # where a step's host time goes
 #
 # --prepare downloads the wheels the GPU image lacks (as last seen: Python 3.12 with torch,
-# triton, transformers, aiohttp, msgpack, uvloop, pytest; no pyzmq, gguf or pytest-asyncio)
+# triton, transformers, aiohttp, msgpack, uvloop, pytest; no pyzmq, gguf, pytest-asyncio,
+# xgrammar or pydantic)
 # for CPython 3.12 into .whl/, and copies the embedded model's tokenizer (the 1b and 8b shapes
 # use SmolLM2's vocabulary) into .gpu_carry/tokenizer/. Both are git-ignored: carry them.
 # Before any stage the script checks every import the stages need and stops if one fails.
@@ -29,6 +30,10 @@ PY=${PYTHON:-python3}
 TOKENIZER=${TOKENIZER:-.gpu_carry/tokenizer}
 # What the GPU image lacks, pinned to the versions the CPU side runs (pyproject.toml).
 CARRIED_WHEELS="pyzmq==27.3.0 gguf==0.19.0 pytest-asyncio==1.5.0"
+# Structured output's grammar engine and what it needs beyond the image (soft: without it the
+# served runs log the grammar worker's ImportError and serve on, as in the first H200 session).
+CARRIED_WHEELS="$CARRIED_WHEELS xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4
+    pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5"
 IMPORTS="torch, triton, transformers, zmq, msgpack, aiohttp, uvloop, gguf, pytest, pytest_asyncio"
 export PYTHONUNBUFFERED=1
 
@@ -59,6 +64,7 @@ fi
     [ "$MODE" = run ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     $PY -c "import $IMPORTS; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'zmq', zmq.__version__)"
 } >>"$LOG" 2>&1 || { echo "an import the stages need failed: see $LOG" | tee -a "$LOG"; exit 1; }
+$PY -c "import xgrammar" >>"$LOG" 2>&1 || echo "no xgrammar here: grammar requests fail" >>"$LOG"
 
 FAILED=0
 stage() {  # name, seconds, command...: one stage under its own limit, its exit code logged

@@ -27,13 +27,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from services.bench.random_models import SHAPES, build_model
+from services.engine.llm_engine import LLMEngine
+from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
+from shared.sampling import SamplingParams
 
-from services.bench.random_models import SHAPES, build_model  # noqa: E402
-from services.engine.llm_engine import LLMEngine  # noqa: E402
-from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig  # noqa: E402
-from shared.sampling import SamplingParams  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 WORKLOADS = {
     "greedy": dict(temperature=0.0),

@@ -1,10 +1,12 @@
 """GPU: choose num_warps and num_stages for the attention kernels on this GPU, by timing.
 
-For each kernel (decode, prefill) and each option pair of --warps x --stages (and for decode
-each --decode-tiles, the context tokens it reads per loop iteration), times the kernel
+For each kernel (decode, prefill) and each option pair of --warps x --stages (for decode also
+each --decode-tiles, the context tokens it reads per loop iteration; for prefill each
+--prefill-tile-rows and --prefill-block-n, its query tile and keys per step), times the kernel
 on a few serving shapes (bf16, 32 query heads over 8 KV heads of 128: Llama-3-8B's layout)
 with CUDA events (triton.testing.do_bench, medians), scores each by the geometric mean of its
-times over the default's (4 warps, 3 stages; 64 tokens a tile), and writes the best per kernel
+times over the default's (4 warps, 3 stages; decode tiles of 64 tokens, prefill tiles of 64
+rows and 32 keys), and writes the best per kernel
 to kernels/configs/<device name>.json, which kernels/triton_configs.py reads at launch. A pair
 that fails to compile (too many registers or too much shared memory) is recorded and skipped.
 Needs CUDA; elsewhere it says so and exits 1.
@@ -91,6 +93,13 @@ def main() -> int:
     parser.add_argument("--stages", default="1,2,3,4")
     parser.add_argument("--decode-tiles", default="16,32,64,128",
                         help="decode kernel: context tokens per loop iteration")  # fmt: skip
+    parser.add_argument(
+        "--prefill-tile-rows",
+        default="64,128",
+        help="prefill kernel: query rows (tokens x group heads) per program",
+    )
+    parser.add_argument("--prefill-block-n", default="32,64",
+                        help="prefill kernel: keys per inner step")  # fmt: skip
     parser.add_argument("--json", default="benchmarks/results/triton_config_sweep.json")
     parser.add_argument("--no-write-config", action="store_true",
                         help="report only; leave kernels/configs alone")  # fmt: skip
@@ -102,6 +111,7 @@ def main() -> int:
 
     from kernels.triton_configs import DEFAULT, config_path
     from kernels.triton_decode import TILE_TOKENS
+    from kernels.triton_prefill import _BLOCK_N, _TILE_ROWS
 
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
@@ -110,14 +120,20 @@ def main() -> int:
     if tuple(DEFAULT.values()) not in pairs:
         pairs.append(tuple(DEFAULT.values()))  # the reference every pair is scored against
     tiles = sorted({*map(int, args.decode_tiles.split(",")), TILE_TOKENS})
+    prefill_rows = sorted({*map(int, args.prefill_tile_rows.split(",")), _TILE_ROWS})
+    prefill_keys = sorted({*map(int, args.prefill_block_n.split(",")), _BLOCK_N})
     grids = {
         "decode": [
             {"num_warps": w, "num_stages": n, "tile_tokens": t}
             for (w, n), t in itertools.product(pairs, tiles)
         ],  # fmt: skip
-        "prefill": [{"num_warps": w, "num_stages": n} for w, n in pairs],
+        "prefill": [{"num_warps": w, "num_stages": n, "tile_rows": r, "block_n": b}
+                    for (w, n), r, b in itertools.product(pairs, prefill_rows, prefill_keys)],
+    }  # fmt: skip
+    defaults = {
+        "decode": {**DEFAULT, "tile_tokens": TILE_TOKENS},
+        "prefill": {**DEFAULT, "tile_rows": _TILE_ROWS, "block_n": _BLOCK_N},
     }
-    defaults = {"decode": {**DEFAULT, "tile_tokens": TILE_TOKENS}, "prefill": dict(DEFAULT)}
     cases = {
         "decode": {f"{b}x{c}": decode_case(b, c, device) for b, c in DECODE_SHAPES},
         "prefill": {f"{p}x{t}": prefill_case(p, t, device) for p, t in PREFILL_SHAPES},

@@ -166,6 +166,14 @@ def _prefill_kernel(
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=q_mask)
 
 
+def prefill_shape(device: torch.device) -> tuple[int, int, dict[str, int]]:
+    """(tile rows, keys per inner step, the other launch options) on `device`: a GPU's config
+    file may set "tile_rows" and "block_n" (benchmarks/triton_config_sweep.py chooses them);
+    otherwise _TILE_ROWS and _BLOCK_N."""
+    options = launch_options("prefill", device)
+    return options.pop("tile_rows", _TILE_ROWS), options.pop("block_n", _BLOCK_N), options
+
+
 def paged_prefill_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim], sequences back to back
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], step's K stored
@@ -196,11 +204,12 @@ def paged_prefill_attention(
 
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
+    tile_rows, block_n, options = prefill_shape(query.device)
     # A decode-only batch gets a 1-token tile rather than a mostly idle 64-row one.
-    block_q = max(1, min(_TILE_ROWS // group_pad, triton.next_power_of_2(max_query_len)))
+    block_q = max(1, min(tile_rows // group_pad, triton.next_power_of_2(max_query_len)))
     block_d = triton.next_power_of_2(head_dim)
     # GPUs' tl.dot needs every dim >= 16; smaller tiles take the broadcast-and-sum path.
-    use_dot = block_q * group_pad >= 16 and _BLOCK_N >= 16 and block_d >= 16
+    use_dot = block_q * group_pad >= 16 and block_n >= 16 and block_d >= 16
     # 16-bit data goes into the dots as it is (fp32 accumulation); fp32 inputs would lose 13
     # mantissa bits in tf32, hence full-precision dots there (and for 16-bit data the
     # interpreter cannot dot: kernels.triton_decode.native_dot_dtypes).
@@ -229,7 +238,7 @@ def paged_prefill_attention(
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
-        BLOCK_N=_BLOCK_N,
+        BLOCK_N=block_n,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
@@ -238,6 +247,6 @@ def paged_prefill_attention(
         NATIVE_DOT=native_dot,
         SOFTCAP=bool(softcap),
         WINDOW=bool(window),
-        **launch_options("prefill", query.device),
+        **options,
     )
     return out

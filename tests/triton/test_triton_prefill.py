@@ -128,6 +128,15 @@ def test_several_query_tiles_per_sequence(monkeypatch):
     _run_case([(0, 27), (9, 18), (12, 1)], 6, 2, 64, 8, torch.float32, seed=13, share=(1, 2))
 
 
+@pytest.mark.parametrize("tile_rows, block_n", [(128, 64), (64, 64), (128, 32)])
+def test_larger_tiles_and_key_steps_match_reference(monkeypatch, tile_rows, block_n):
+    # The sweep's other shapes (a GPU config's "tile_rows" and "block_n"): key steps of 64 over
+    # 8-token blocks, query tiles of 128 rows over a chunk that starts mid-context.
+    monkeypatch.setattr(triton_prefill, "_TILE_ROWS", tile_rows)
+    monkeypatch.setattr(triton_prefill, "_BLOCK_N", block_n)
+    _run_case([(0, 40), (70, 9), (20, 1)], 8, 2, 64, 8, torch.float32, seed=14, share=(1, 2))
+
+
 def test_empty_batch():
     query = torch.randn(0, 4, 64)
     k_cache = torch.randn(4, 16, 2, 64)
