@@ -86,15 +86,17 @@ class StepPlans:
         writes = [(e.seq.seq_id, e.seq.num_computed_tokens + 1, 1) for e in ahead]
         if block_manager.num_new_blocks(writes) > block_manager.device.num_free:
             return None
-        new_entries, seqs = [], []
-        for entry, (seq_id, position, _) in zip(ahead, writes):
+        seqs = []
+        for seq_id, position, _ in writes:
             block_manager.allocate_slots(seq_id, position, 1)
             block_ids, replace = block_manager.take_table_update(seq_id)
-            new_entries.append(PlanEntry(entry.seq, entry.group, 1, []))
             seqs.append(
                 ScheduledSeq(seq_id, [PENDING_TOKEN], position, block_ids, replace, sample=True)
             )
-        return self._issue(block_manager, seqs, new_entries, [], [], [])
+        # The entries in flight say what this plan's do (one decode each, no fork, no
+        # proposals, no layer part: lookahead_seqs) and nothing changes an entry once made, so
+        # this plan takes them as they are rather than a copy of each.
+        return self._issue(block_manager, seqs, list(ahead), [], [], [])
 
     def take(self, step_id: int) -> tuple[list[PlanEntry], list[SequenceGroup]]:
         """A plan's entries and swap-out victims, once its result is in: no longer in flight."""
