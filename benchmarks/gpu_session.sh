@@ -112,6 +112,9 @@ for s in $STAGES; do
     profile)  # the host's Python by function and the ops it launches, 1.1B at batch 256
         stage profile 150 benchmarks/gpu_step_profile.py --shape 1b --tokenizer "$TOKENIZER" \
             --json "$OUT/gpu_step_profile.json" ;;
+    profile-8b)  # the same at 8B, where an overlapped launch() took as long as a step
+        stage profile-8b 180 benchmarks/gpu_step_profile.py --shape 8b --tokenizer "$TOKENIZER" \
+            --json "$OUT/gpu_step_profile_8b.json" ;;
     syncs)  # synchronising CUDA calls while an overlapped step is launched (should be none)
         stage syncs 120 benchmarks/gpu_sync_points.py --tokenizer "$TOKENIZER" \
             --json "$OUT/gpu_sync_points.json" ;;
