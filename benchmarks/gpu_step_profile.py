@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from services.bench.random_models import SHAPES, build_model
+from services.bench.random_models import SHAPES, add_random_run_args, build_model
 from services.engine.llm_engine import LLMEngine
 from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
 from shared.sampling import SamplingParams
@@ -66,14 +66,7 @@ def op_table(profiler, device: str, rows: int) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
-    parser.add_argument("--tokenizer", type=Path, required=True)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--kv-cache-gb", type=float, default=20.0)
+    add_random_run_args(parser, output_len=64, kv_cache_gb=20.0)
     parser.add_argument("--rows", type=int, default=60, help="rows kept of each table")
     parser.add_argument("--json", default="benchmarks/results/gpu_step_profile.json")
     args = parser.parse_args()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from services.bench.random_models import SHAPES, build_model
+from services.bench.random_models import SHAPES, add_random_run_args, build_model
 from services.bench.server import ready_url
 from services.engine.llm_engine import LLMEngine
 from shared.config import CacheConfig, EngineConfig, GiB, ModelConfig, SchedulerConfig
@@ -273,14 +273,7 @@ def run_transformers(model_dir: Path, args, prompts, out_lens) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
-    parser.add_argument("--tokenizer", type=Path, required=True)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--kv-cache-gb", type=float, default=40.0)
+    add_random_run_args(parser, output_len=256, kv_cache_gb=40.0)
     parser.add_argument("--hf-batch-size", type=int, default=64)
     parser.add_argument("--workloads", nargs="+", default=["fixed", "varied"])
     parser.add_argument("--skip-hf", action="store_true")

@@ -22,6 +22,19 @@ SHAPES = {
 }  # fmt: skip
 
 
+def add_random_run_args(parser, output_len: int, kv_cache_gb: float) -> None:
+    """The flags of a run of `num_requests` random prompts on a random model of a SHAPES entry
+    (the GPU benchmarks share them)."""
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=output_len)
+    parser.add_argument("--kv-cache-gb", type=float, default=kv_cache_gb)
+
+
 def build_model(shape: str, device: str, dtype: torch.dtype, tokenizer: Path, out: Path) -> Path:
     """A random Llama of a SHAPES entry, made on `device`, saved to `out` with the tokenizer
     found at `tokenizer`; returns `out`."""
