@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -129,20 +127,13 @@ def worker(args) -> dict:
 
 
 def run(root: Path, args) -> dict:
-    argv = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--worker",
-        "--model-dir",
-        args.model_dir,
-    ]
-    argv += ["--batch", str(args.batch), "--input-len", str(args.input_len)]
-    argv += ["--output-len", str(args.output_len)]
+    from services.bench.ref_worktree import run_worker
+
+    argv = ["--model-dir", args.model_dir, "--batch", str(args.batch)]
+    argv += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
     argv += ["--no-overlap"] if args.no_overlap else []
     argv += ["--host-only"] if args.host_only else []
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker(Path(__file__).resolve(), root, argv, {"OMP_NUM_THREADS": "1"})
 
 
 def main() -> int:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,12 +90,11 @@ def worker(args) -> dict:
 
 
 def run(root: Path, args) -> dict:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker"]
-    argv += ["--batch", str(args.batch), "--input-len", str(args.input_len)]
+    from services.bench.ref_worktree import run_worker
+
+    argv = ["--batch", str(args.batch), "--input-len", str(args.input_len)]
     argv += ["--output-len", str(args.output_len)]
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker(Path(__file__).resolve(), root, argv)
 
 
 def main() -> int:

@@ -347,7 +347,8 @@ def paged_decode_attention(
         part_sum = torch.empty_like(part_max)
 
     options = launch_options("decode", query.device)
-    tile_tokens = options.pop("tile_tokens", TILE_TOKENS) if tile_tokens is None else tile_tokens
+    configured = options.pop("tile_tokens", TILE_TOKENS)  # never passed on as a launch option
+    tile_tokens = configured if tile_tokens is None else tile_tokens
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query,
         k_cache,

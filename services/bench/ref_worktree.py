@@ -4,7 +4,10 @@ as it is against the code as it was (--compare-ref), in alternated rounds of one
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,3 +28,16 @@ def ref_worktree(root: Path, ref: str | None, prefix: str) -> Iterator[Path | No
         yield tree
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root)
+
+
+def run_worker(
+    script: Path, root: Path, argv: list[str], env: dict[str, str] | None = None
+) -> dict:
+    """`script --worker *argv` run against the checkout at `root` (its package first on the
+    path), which prints one JSON line last; that line, parsed."""
+    environ = {**os.environ, **(env or {}), "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, str(script), "--worker", *argv],
+        cwd=root, env=environ, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
