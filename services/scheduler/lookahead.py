@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.scheduler.sequence import Sequence, SequenceGroup
+from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from services.scheduler.stop_rules import reaches_length
+
+FINISHED = SeqStatus.FINISHED
 
 
 class _Entry(Protocol):
@@ -32,23 +34,33 @@ def lookahead_seqs(
 ) -> list[_Entry] | None:
     """The entries of the step in flight whose sequences decode again in the next step, or None
     when the next step must wait for this one's result."""
-    num_live = sum(len(g.live_seqs()) for g in running)
-    if num_live != sum(1 for e in entries if not e.seq.is_finished):
-        return None  # a running sequence has no share of the step in flight
+    # Attributes read directly rather than through Sequence's properties: this runs once per
+    # sequence of every step planned ahead (256 and more), on the host's critical path.
+    num_live = 0
+    for group in running:
+        seqs = group.seqs
+        if len(seqs) == 1:
+            num_live += seqs[0].status is not FINISHED
+        else:
+            num_live += len(group.live_seqs())
+    num_unfinished = 0
     ahead = []
     for entry in entries:
         seq, group = entry.seq, entry.group
-        if seq.is_finished:
+        if seq.status is FINISHED:
             continue  # aborted while the step runs
+        num_unfinished += 1
         if group.beam is not None or entry.fork_seq_ids:
             return None  # the next step depends on what this one draws
         if entry.layers is not None:
             return None  # a deep chunk's layer part: the next part needs its reply first
-        if entry.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
+        num_tokens = len(seq.token_ids)
+        if entry.num_new_tokens != 1 or seq.num_computed_tokens + 1 != num_tokens:
             return None  # not a decode of the last known token (a prompt, a recompute)
-        if reaches_length(
-            group.sampling, seq.num_output_tokens + 1, seq.num_tokens + 1, max_seq_len
-        ):
+        num_output = num_tokens - seq.prompt_len
+        if reaches_length(group.sampling, num_output + 1, num_tokens + 1, max_seq_len):
             continue  # the token in flight is its last: it ends by length
         ahead.append(entry)
+    if num_live != num_unfinished:
+        return None  # a running sequence has no share of the step in flight
     return ahead or None

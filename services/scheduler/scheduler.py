@@ -319,7 +319,21 @@ class Scheduler:
             live = group.live_seqs()
             if not live or live[0].status is not SeqStatus.RUNNING:
                 continue  # preempted (or ended) earlier in this step
-            writes = self._part_writes(group, live, budget, cap, decoding)
+            writes = _plain_decode(live, budget)  # most groups: what the calls below find
+            if (
+                writes is not None
+                and spec_room <= 0
+                and self.rope_switch_len is None
+                and self.block_manager.writes_in_place(live[0].seq_id, live[0].num_computed_tokens)
+            ):
+                # Its slot needs no block: nothing to check, preempt or allocate (what
+                # _can_write, the loop below and _write come to for it, without their calls).
+                entries.append(PlanEntry(live[0], group, 1, []))
+                budget -= 1
+                scheduled.add(group)
+                continue
+            if writes is None:
+                writes = self._part_writes(group, live, budget, cap, decoding)
             if writes is None:
                 writes = capped_decode_rows(group, live, self.decode_row_cap, len(self.running) > 1)
             if writes is None:
@@ -391,7 +405,9 @@ class Scheduler:
         if ahead is None:
             return None
         # The step in flight computes position num_computed_tokens; the next one the next.
-        if any(self._outgrows_rope(e.seq, e.seq.num_computed_tokens + 2) for e in ahead):
+        if self.rope_switch_len is not None and any(
+            self._outgrows_rope(e.seq, e.seq.num_computed_tokens + 2) for e in ahead
+        ):
             return None  # that sequence is recomputed first (schedule())
         plan = self.plans.plan_ahead(self.block_manager, ahead)
         if self.speculation is not None:
@@ -583,9 +599,11 @@ class Scheduler:
                 runs.setdefault(token.seq_id, []).append(token)
         prompt_parts = {p.seq_id: p for p in result.prompt_logprobs}
         beam_groups: list[SequenceGroup] = []
+        # Attributes read directly rather than through Sequence's properties: once per sequence
+        # of every step, on the host's critical path.
         for entry in entries:
             seq, group = entry.seq, entry.group
-            if seq.is_finished:  # aborted while the step ran
+            if seq.status is SeqStatus.FINISHED:  # aborted while the step ran
                 self.plans.freed_seq_ids.extend(entry.fork_seq_ids)
                 continue
             if entry.layers is not None:
@@ -605,7 +623,7 @@ class Scheduler:
             if seq.seq_id in prompt_parts:
                 group.add_prompt_logprobs(prompt_parts[seq.seq_id])
             self.prefix_reuse.note_computed(self.block_manager, group, seq, entry.num_new_tokens)
-            if seq.num_computed_tokens < seq.num_tokens:
+            if seq.num_computed_tokens < len(seq.token_ids):
                 continue  # a non-final prompt chunk: nothing sampled
             if group.beam is not None:
                 group.beam_draws[seq.seq_id] = sampled[seq.seq_id]
@@ -710,7 +728,9 @@ class Scheduler:
         self._pending_updates.append(GroupUpdate(group, finished=True))
 
     def _can_write(self, writes: list[tuple[Sequence, int]]) -> bool:
-        needed = self.block_manager.num_new_blocks(self._as_writes(writes))
+        needed = self.block_manager.num_new_blocks(
+            [(s.seq_id, s.num_computed_tokens, n) for s, n in writes]
+        )
         return needed <= self.block_manager.device.num_free
 
     def _outgrows_rope(self, seq: Sequence, end: int) -> bool:
@@ -816,3 +836,19 @@ class Scheduler:
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id - 1
+
+
+def _plain_decode(live: list[Sequence], budget: int) -> list[tuple[Sequence, int]] | None:
+    """[(seq, 1)] for a group of one running sequence decoding its last token with budget
+    left (what the layer-part, row-cap and prompt-share paths all come to for it: none of
+    them applies to such a decode), else None. Asked first for every group of every step,
+    so that a batch of 256 decodes does not walk those paths 256 times."""
+    if len(live) != 1 or budget <= 0:
+        return None
+    seq = live[0]
+    computed = seq.num_computed_tokens
+    if seq.layer_part is not None or computed + 1 != len(seq.token_ids):
+        return None
+    if computed < seq.prompt_len:
+        return None  # a prompt's last token: its step may fork the samples, or run in parts
+    return [(seq, 1)]

@@ -57,7 +57,10 @@ class StepPlans:
             block_ids, replace = block_manager.take_table_update(seq.seq_id)
             start = seq.num_computed_tokens
             end = start + entry.num_new_tokens - len(entry.spec_tokens)  # real tokens only
-            targets = prompt_logprob_targets(entry.group, seq, start, end)
+            num_tokens = len(seq.token_ids)
+            targets = None
+            if entry.group.sampling.prompt_logprobs is not None:  # (most plans: no call)
+                targets = prompt_logprob_targets(entry.group, seq, start, end)
             (seqs if entry.layers is None else parts).append(
                 ScheduledSeq(
                     seq_id=seq.seq_id,
@@ -65,12 +68,12 @@ class StepPlans:
                     start_pos=start,
                     block_ids=block_ids,
                     replace_table=replace,
-                    sample=end == seq.num_tokens and not entry.partial,
+                    sample=end == num_tokens and not entry.partial,
                     fork_seq_ids=entry.fork_seq_ids,
                     sampling=None if seq.announced else entry.group.sampling,
                     sample_index=seq.index,
                     prompt_len=None if seq.announced else seq.prompt_len,
-                    rope_len=seq.num_tokens if start + 1 < seq.num_tokens else None,
+                    rope_len=num_tokens if start + 1 < num_tokens else None,
                     prompt_targets=targets,
                     num_spec_tokens=len(entry.spec_tokens),
                     layers=entry.layers,
@@ -83,16 +86,14 @@ class StepPlans:
         """The next decode of each of `ahead` (entries of the one plan in flight), with the
         token that plan samples still unknown; None when their new blocks do not fit."""
         # The step in flight computes position num_computed_tokens; this one the next.
-        writes = [(e.seq.seq_id, e.seq.num_computed_tokens + 1, 1) for e in ahead]
-        if block_manager.num_new_blocks(writes) > block_manager.device.num_free:
+        writes = [(e.seq.seq_id, e.seq.num_computed_tokens + 1) for e in ahead]
+        updates = block_manager.grow_decodes(writes)
+        if updates is None:
             return None
-        seqs = []
-        for seq_id, position, _ in writes:
-            block_manager.allocate_slots(seq_id, position, 1)
-            block_ids, replace = block_manager.take_table_update(seq_id)
-            seqs.append(
-                ScheduledSeq(seq_id, [PENDING_TOKEN], position, block_ids, replace, sample=True)
-            )
+        seqs = [
+            ScheduledSeq(seq_id, [PENDING_TOKEN], position, block_ids, replace, True)
+            for (seq_id, position), (block_ids, replace) in zip(writes, updates)
+        ]
         # The entries in flight say what this plan's do (one decode each, no fork, no
         # proposals, no layer part: lookahead_seqs) and nothing changes an entry once made, so
         # this plan takes them as they are rather than a copy of each.

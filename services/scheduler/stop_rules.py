@@ -22,7 +22,8 @@ def check_stop(
         return "stop"
     if not sampling.ignore_eos and token_id in eos_token_ids:
         return "stop"
-    if reaches_length(sampling, seq.num_output_tokens, seq.num_tokens, max_seq_len):
+    num_tokens = len(seq.token_ids)  # (not the properties: once per sampled token)
+    if reaches_length(sampling, num_tokens - seq.prompt_len, num_tokens, max_seq_len):
         return "length"
     return None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.scheduler.sequence import Sequence, SequenceGroup
+from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 
 
 def budget_order(running: list[SequenceGroup], order: str) -> list[SequenceGroup]:
@@ -77,6 +77,10 @@ def share(
 
 
 def is_decoding(group: SequenceGroup) -> bool:
+    seqs = group.seqs
+    if len(seqs) == 1:  # most groups, every step: no generator, no properties
+        seq = seqs[0]
+        return seq.status is SeqStatus.FINISHED or len(seq.token_ids) - seq.num_computed_tokens <= 1
     return all(seq.num_uncomputed_tokens <= 1 for seq in group.live_seqs())
 
 
