@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.scheduler.scheduler import GroupUpdate
-from services.scheduler.sequence import SequenceGroup
+from services.scheduler.sequence import SeqStatus, SequenceGroup
 from shared.protocol import PromptLogprobs, RequestDelta, SampledToken, SeqDelta
 
 
@@ -37,6 +37,12 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
         if group.beam is None:
             for sample in seqs:  # the API shows a cumulative logprob beside beams only
                 sample.cumulative_logprob = None
+    elif len(group.seqs) == 1 and len(update.new_tokens) == 1 and group.sampling.logprobs is None:
+        # Most updates, every step: one sample, one new token, no logprobs (what the general
+        # path below builds, without its dictionary and passes).
+        seq, token = update.new_tokens[0]
+        finished = seq.status is SeqStatus.FINISHED
+        seqs = [SeqDelta(seq.index, [token.token_id], [], seq.finish_reason if finished else None)]
     else:
         want_logprobs = group.sampling.logprobs is not None
         by_index: dict[int, SeqDelta] = {}
@@ -56,7 +62,7 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
         seqs,
         update.finished,
         update.error,
-        num_prompt_tokens=len(group.prompt_token_ids),
+        num_prompt_tokens=group.seqs[0].prompt_len,
         prompt_logprobs=_unsent_prompt_logprobs(group),
     )
 
