@@ -93,8 +93,14 @@ def _encoder(tp: Any) -> Callable[[Any], Any] | None:
         if item is not None:
             encoder = lambda v: None if v is None else item(v)  # noqa: E731
     elif origin in (list, tuple):
-        items = {_encoder(a) for a in typing.get_args(tp) if a is not Ellipsis}
-        if items != {None}:
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        items = {_encoder(a) for a in args}
+        if origin is list and len(items) == 1 and None not in items:
+            # A list of records (a plan's sequences, a step's tokens and deltas): their encoder
+            # directly, not looked up per item.
+            (item,) = items
+            encoder = lambda v: [item(x) for x in v]  # noqa: E731
+        elif items != {None}:
             encoder = _plain_sequence
     elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
         encoder = _record_encoder(tp)

@@ -57,13 +57,16 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
                     seq.index, SeqDelta(seq.index, [])
                 ).finish_reason = seq.finish_reason
         seqs = [by_index[i] for i in sorted(by_index)]
+    prompt_logprobs = None
+    if group.sampling.prompt_logprobs is not None:
+        prompt_logprobs = _unsent_prompt_logprobs(group)
     return RequestDelta(
         group.request_id,
         seqs,
         update.finished,
         update.error,
-        num_prompt_tokens=group.seqs[0].prompt_len,
-        prompt_logprobs=_unsent_prompt_logprobs(group),
+        group.seqs[0].prompt_len,  # num_prompt_tokens
+        prompt_logprobs,
     )
 
 
