@@ -9,6 +9,10 @@ sampled tokens), and the whole engine step: medians over the decode steps, and t
 and the whole run (where the garbage collector's full passes show), best of alternated rounds;
 --compare-ref runs a git revision the same way, in the same rounds.
 
+The served scheduler process also encodes each plan for the executor (plan_wire), decodes each
+result (result_wire), and builds and encodes the step's deltas for the gateway (deltas): those
+are timed here too, on the same plans, results and updates, and count in the step's time.
+
     .venv/bin/python benchmarks/scheduler_host_cost.py --compare-ref HEAD~1 \\
         --json benchmarks/results/scheduler_host_cost.json
 """
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("plan", "update", "step")
+PHASES = ("plan", "plan_wire", "update", "result_wire", "deltas", "step")
 
 
 def worker(args) -> dict:
@@ -32,8 +36,11 @@ def worker(args) -> dict:
     import random
 
     from services.engine.llm_engine import LLMEngine
+    from services.scheduler.outputs import group_delta
     from services.scheduler.scheduler import Scheduler
+    from shared import wire
     from shared.config import EngineConfig, SchedulerConfig, SimConfig
+    from shared.protocol import SchedulerStats, TokenDeltas
     from shared.sampling import SamplingParams
 
     timings: dict[str, float] = {}
@@ -48,9 +55,35 @@ def worker(args) -> dict:
 
         return run
 
-    Scheduler.schedule = timed("plan", Scheduler.schedule)
-    Scheduler.schedule_ahead = timed("plan", Scheduler.schedule_ahead)
-    Scheduler.update = timed("update", Scheduler.update)
+    def served(call, phase: str, wire_work):
+        """call timed as `phase`, then what the served scheduler does with its outcome."""
+        timed_call = timed(phase, call)
+
+        def run(*a, **k):
+            out = timed_call(*a, **k)
+            wire_work(a[1:], out)
+            return out
+
+        return run
+
+    def plan_wire(_, plan) -> None:
+        if plan is not None:
+            timed("plan_wire", wire.encode)(plan)
+
+    stats = SchedulerStats(0, 0, 0, 0, 0, 0, 0)
+
+    def result_and_deltas(args, updates) -> None:
+        (result,) = args
+        timed("result_wire", wire.decode)(wire.encode(result))  # the executor encodes it
+
+        def deltas():
+            return wire.encode(TokenDeltas([group_delta(u) for u in updates], stats))
+
+        timed("deltas", deltas)()
+
+    Scheduler.schedule = served(Scheduler.schedule, "plan", plan_wire)
+    Scheduler.schedule_ahead = served(Scheduler.schedule_ahead, "plan", plan_wire)
+    Scheduler.update = served(Scheduler.update, "update", result_and_deltas)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 30000) for _ in range(args.input_len)] for _ in range(args.batch)]
     out = {}
@@ -135,12 +168,29 @@ def main() -> int:
             split = ", ".join(f"{p} {phases[p]:.2f}" for p in PHASES)
             print(f"{label} {mode}: ms per decode step at {args.batch}: {split}; longest step "
                   f"{phases['step_max']:.1f} ms, whole run {phases['total_s']:.2f} s")  # fmt: skip
+    # This machine's speed drifts over minutes: the best of each side may come from different
+    # minutes, while the two runs of one round are seconds apart. Each round's ratio, then
+    # their median, compares like with like.
+    ratios = {}
+    if args.compare_ref:
+        cur, ref = runs["current"], runs[args.compare_ref]
+        for mode in cur[0]:
+            ratios[mode] = {
+                p: statistics.median(
+                    c[mode][p] / r[mode][p] for c, r in zip(cur, ref) if r[mode][p] > 0
+                )
+                for p in (*PHASES, "step_max", "total_s")
+                if any(r[mode][p] > 0 for r in ref)
+            }
+            split = ", ".join(f"{p} {v:.2f}x" for p, v in ratios[mode].items())
+            print(f"current / {args.compare_ref} {mode}, median of the rounds' ratios: {split}")
     if args.json:
         report = {
             "command": " ".join(["benchmarks/scheduler_host_cost.py", *sys.argv[1:]]),
             "batch": args.batch,
             "runs": runs,
             "best_ms": best,
+            "median_round_ratio": ratios,
         }
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -117,7 +117,8 @@ CASES = [
         "scheduler_host_cost",
         lambda m, out: ["--batch", "4", "--input-len", "8", "--output-len", "8",
                         "--rounds", "1", "--json", str(out)],
-        ("best_ms.current.async.plan", "best_ms.current.sync.update"),
+        ("best_ms.current.async.plan", "best_ms.current.sync.update",
+         "best_ms.current.async.plan_wire", "best_ms.current.sync.deltas"),
     ),
     Case(
         "gpu_sync_points",
