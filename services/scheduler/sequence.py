@@ -119,8 +119,12 @@ class SequenceGroup:
     def num_seats(self) -> int:
         """Sequences this group may run at once: seats for every sample are held until the
         samples exist."""
-        if len(self.seqs) < self.sampling.num_samples and not self.is_finished:
-            return self.sampling.num_samples
+        seqs = self.seqs
+        num_samples = self.sampling.num_samples
+        if len(seqs) == 1 and num_samples == 1:  # most groups: summed over all, every step
+            return 0 if seqs[0].status is SeqStatus.FINISHED else 1
+        if len(seqs) < num_samples and not self.is_finished:
+            return num_samples
         return len(self.live_seqs())
 
     def reported_seqs(self) -> list[tuple[int, Sequence]]:
