@@ -462,3 +462,52 @@ def test_swapping_a_group_whose_sample_holds_no_blocks_yet():
     assert manager.swap_in([0, 1]) == [(0, 2), (1, 3)]
     assert manager.tables == {0: [2, 3], 1: []}
     manager.check()
+
+
+# ---- the lookahead plan's block work (grow_decodes) -------------------------------------------
+
+
+def test_grow_decodes_sends_nothing_for_a_slot_in_a_held_block():
+    manager = make_manager()
+    manager.allocate_slots(0, 0, 3)  # one block, positions 0-2
+    assert manager.take_table_update(0) == ([0], True)
+    assert manager.writes_in_place(0, 3)
+    assert manager.grow_decodes([(0, 3)]) == [([], False)]
+    assert manager.tables[0] == [0]
+
+
+def test_grow_decodes_takes_the_general_path_where_the_fast_one_does_not_apply():
+    manager = make_manager()
+    make_shared(manager, 6, 1)  # blocks 0, 1 shared by sequences 0 and 1
+    manager.allocate_slots(2, 0, 4)  # sequence 2: one full block (2), never sent
+    manager.take_table_update(0)
+    manager.take_table_update(1)
+    assert not manager.writes_in_place(0, 6)  # a shared block: copy-on-write
+    assert not manager.writes_in_place(2, 4)  # a block boundary
+    updates = manager.grow_decodes([(0, 6), (2, 4)])
+    # Sequence 0 copies block 1 into 3 (its table is stale: sent whole); sequence 2 takes block
+    # 4, and its table goes out whole too, never having been sent.
+    assert updates == [([0, 3], True), ([2, 4], True)]
+    assert manager.take_copies() == [(1, 3)]
+    manager.check()
+
+
+def test_grow_decodes_takes_nothing_when_the_new_blocks_do_not_fit():
+    manager = make_manager(num_device_blocks=2)
+    manager.allocate_slots(0, 0, 4)
+    manager.allocate_slots(1, 0, 4)
+    manager.take_table_update(0)
+    manager.take_table_update(1)
+    assert manager.grow_decodes([(0, 4), (1, 4)]) is None
+    assert manager.tables == {0: [0], 1: [1]} and manager.device.num_free == 0
+    manager.check()
+
+
+def test_grow_decodes_leaves_a_sliding_window_to_the_general_path():
+    manager = BlockManager(4, 8, 0, sliding_window=4)
+    manager.allocate_slots(0, 0, 7)
+    manager.take_table_update(0)
+    assert not manager.writes_in_place(0, 7)  # a window may free blocks at any position
+    # Position 8's query sees 5-8: block 0 (0-3) is freed, block 2 taken.
+    assert manager.grow_decodes([(0, 8)]) == [([2], False)]
+    assert manager.tables[0] == [-1, 1, 2]
