@@ -10,8 +10,9 @@ and the whole run (where the garbage collector's full passes show), best of alte
 --compare-ref runs a git revision the same way, in the same rounds.
 
 The served scheduler process also encodes each plan for the executor (plan_wire), decodes each
-result (result_wire), and builds and encodes the step's deltas for the gateway (deltas): those
-are timed here too, on the same plans, results and updates, and count in the step's time.
+result (result_wire), and builds and encodes the step's deltas for the gateway (deltas, as the
+service sends them at the revision measured): those are timed here too, on the same plans,
+results and updates, and count in the step's time.
 
     .venv/bin/python benchmarks/scheduler_host_cost.py --compare-ref HEAD~1 \\
         --json benchmarks/results/scheduler_host_cost.json
@@ -36,7 +37,7 @@ def worker(args) -> dict:
     import random
 
     from services.engine.llm_engine import LLMEngine
-    from services.scheduler.outputs import group_delta
+    from services.scheduler import outputs
     from services.scheduler.scheduler import Scheduler
     from shared import wire
     from shared.config import EngineConfig, SchedulerConfig, SimConfig
@@ -77,7 +78,11 @@ def worker(args) -> dict:
         timed("result_wire", wire.decode)(wire.encode(result))  # the executor encodes it
 
         def deltas():
-            return wire.encode(TokenDeltas([group_delta(u) for u in updates], stats))
+            if hasattr(outputs, "step_deltas"):  # as the service sends them
+                records, next_tokens = outputs.step_deltas(updates)
+                return wire.encode(TokenDeltas(records, stats, next_tokens))
+            # A revision from before the plain one-token columns: a record per update.
+            return wire.encode(TokenDeltas([outputs.group_delta(u) for u in updates], stats))
 
         timed("deltas", deltas)()
 

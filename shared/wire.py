@@ -22,7 +22,7 @@ import msgpack
 from shared import protocol
 from shared.sampling import SamplingParams
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls

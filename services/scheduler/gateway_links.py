@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from shared.ipc import recv_from, send_to
 from shared.peer_watch import PeerWatch
-from shared.protocol import RequestDelta, SchedulerStats, TokenDeltas
+from shared.protocol import NextTokens, RequestDelta, SchedulerStats, TokenDeltas
 
 
 class GatewayLinks:
@@ -50,19 +50,41 @@ class GatewayLinks:
         if not delivered:
             self._drop(peer)
 
-    async def send_deltas(self, deltas: list[RequestDelta], stats: SchedulerStats) -> None:
-        """One TokenDeltas per gateway with deltas this step; a finished request is released."""
-        by_peer: dict[bytes, list[RequestDelta]] = {}
+    async def send_deltas(
+        self,
+        deltas: list[RequestDelta],
+        stats: SchedulerStats,
+        next_tokens: NextTokens | None = None,
+    ) -> None:
+        """One TokenDeltas per gateway with deltas this step; a finished request is released.
+        next_tokens' requests go on (none is finished): each goes to its gateway's columns."""
+        by_peer: dict[bytes, TokenDeltas] = {}
         for delta in deltas:
             peer = self._owner.get(delta.request_id)
             if peer is None:  # its gateway left (the request was aborted then)
                 continue
-            by_peer.setdefault(peer, []).append(delta)
+            if peer not in by_peer:
+                by_peer[peer] = TokenDeltas([], stats)
+            by_peer[peer].deltas.append(delta)
             if delta.finished:
                 del self._owner[delta.request_id]
                 self._open[peer].discard(delta.request_id)
-        for peer, own in by_peer.items():
-            await self.send(peer, TokenDeltas(own, stats))
+        if next_tokens is not None:
+            owner = self._owner
+            for i, request_id in enumerate(next_tokens.request_ids):
+                peer = owner.get(request_id)
+                if peer is None:
+                    continue
+                message = by_peer.get(peer)
+                if message is None:
+                    message = by_peer[peer] = TokenDeltas([], stats)
+                if message.next_tokens is None:
+                    message.next_tokens = NextTokens()
+                message.next_tokens.add(
+                    request_id, next_tokens.token_ids[i], next_tokens.num_prompt_tokens[i]
+                )
+        for peer, message in by_peer.items():
+            await self.send(peer, message)
 
     def watch(self, stats: Callable[[], SchedulerStats | None]) -> PeerWatch:
         """The socket's connection monitor: when any gateway's connection closes, a stats

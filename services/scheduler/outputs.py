@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from services.scheduler.scheduler import GroupUpdate
 from services.scheduler.sequence import SeqStatus, SequenceGroup
-from shared.protocol import PromptLogprobs, RequestDelta, SampledToken, SeqDelta
+from shared.protocol import NextTokens, PromptLogprobs, RequestDelta, SampledToken, SeqDelta
 
 
 def reported_samples(group: SequenceGroup) -> list[SeqDelta]:
@@ -68,6 +68,32 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
         group.seqs[0].prompt_len,  # num_prompt_tokens
         prompt_logprobs,
     )
+
+
+def step_deltas(updates: list[GroupUpdate]) -> tuple[list[RequestDelta], NextTokens]:
+    """A step's updates as the gateway gets them: the plain one-token deltas of most requests
+    as NextTokens columns (NextTokens.delta(i) is what group_delta would have made), the rest
+    as RequestDelta records."""
+    deltas: list[RequestDelta] = []
+    plain = NextTokens()
+    for update in updates:
+        group = update.group
+        sampling = group.sampling
+        if (
+            len(update.new_tokens) == 1
+            and len(group.seqs) == 1
+            and not update.finished
+            and update.error is None
+            and sampling.logprobs is None
+            and sampling.prompt_logprobs is None
+            and not sampling.reports_at_end
+        ):
+            seq, token = update.new_tokens[0]
+            if seq.status is not SeqStatus.FINISHED and seq.index == 0:
+                plain.add(group.request_id, token.token_id, seq.prompt_len)
+                continue
+        deltas.append(group_delta(update))
+    return deltas, plain
 
 
 def _unsent_prompt_logprobs(group: SequenceGroup) -> PromptLogprobs | None:

@@ -23,7 +23,7 @@ from services.scheduler.engine_core import EngineCore, StepOutcome
 from services.scheduler.gateway_links import GatewayLinks
 from services.scheduler.kv_accounting import KVAccountant, kv_breakdown
 from services.scheduler.kv_state import kv_snapshot
-from services.scheduler.outputs import group_delta
+from services.scheduler.outputs import group_delta, step_deltas
 from services.scheduler.plan_log import PlanLog
 from services.scheduler.remote_executor import HEARTBEAT_S, ExecutorLost, RemoteExecutor
 from services.scheduler.scheduler import Scheduler
@@ -243,8 +243,8 @@ class SchedulerService:
         self._kv_accountant.add(breakdown, wall)
         if self._plan_log is not None:
             self._plan_log.write(self.scheduler, outcome.plan, outcome.updates)
-        deltas = [group_delta(u) for u in outcome.updates]
-        await self.gateways.send_deltas(deltas, self._stats())
+        deltas, next_tokens = step_deltas(outcome.updates)
+        await self.gateways.send_deltas(deltas, self._stats(), next_tokens)
 
     # ---- a dead executor or gateway ------------------------------------------------------------
     def _on_executor_lost(self) -> None:

@@ -50,3 +50,22 @@ def test_parallel_samples_in_index_order_with_an_ended_one():
     delta = group_delta(update)
     assert delta.seqs == [SeqDelta(0, [9]), SeqDelta(1, [4], [], "length")]
     assert delta.num_prompt_tokens == 3
+
+
+def test_step_deltas_put_plain_tokens_in_columns_that_stand_for_the_same_deltas():
+    from services.scheduler.outputs import step_deltas
+
+    plain, ended, with_logprobs, two = _group(), _group(), _group(logprobs=0), _group(n=2)
+    for group, request_id in ((plain, "p"), (ended, "e"), (with_logprobs, "l"), (two, "t")):
+        group.request_id = request_id
+    ended.seqs[0].status, ended.seqs[0].finish_reason = SeqStatus.FINISHED, "length"
+    updates = [
+        GroupUpdate(plain, [(plain.seqs[0], SampledToken(10, 4))]),
+        GroupUpdate(ended, [(ended.seqs[0], SampledToken(10, 5))], finished=True),
+        GroupUpdate(with_logprobs, [(with_logprobs.seqs[0], SampledToken(10, 6, -0.5))]),
+        GroupUpdate(two, [(two.seqs[1], SampledToken(11, 7))]),
+    ]
+    deltas, columns = step_deltas(updates)
+    assert columns.request_ids == ["p"]
+    assert columns.delta(0) == group_delta(updates[0])
+    assert deltas == [group_delta(u) for u in updates[1:]]
