@@ -2,6 +2,9 @@
 
 Decode steps of N sequences (one token each), timed over many repetitions. With --compare-ref,
 the same messages also go through `shared/wire.py` as it was at that git revision, side by side.
+"deltas" are the step's deltas as records, "columns" the same deltas as the scheduler sends
+them since protocol v4 (NextTokens); the gateway's decode of "columns" includes turning them
+back into records.
 
     .venv/bin/python benchmarks/wire_cost.py --compare-ref 751050f \\
         --json benchmarks/results/wire_cost.json
@@ -10,6 +13,7 @@ the same messages also go through `shared/wire.py` as it was at that git revisio
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import subprocess
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from shared import wire
 from shared.protocol import (
+    NextTokens,
     RequestDelta,
     SampledToken,
     ScheduledSeq,
@@ -47,18 +52,36 @@ def messages(num_seqs: int) -> dict:
         [RequestDelta(f"req-{i}", [SeqDelta(0, [17])], False) for i in range(num_seqs)],
         SchedulerStats(num_seqs, 0, 0, 4000, 60000, 0, 1234),
     )
-    return {"plan": plan, "result": result, "deltas": deltas}
+    # The same deltas as the scheduler sends them now: plain one-token deltas as columns.
+    next_tokens = TokenDeltas(
+        [],
+        deltas.stats,
+        NextTokens([f"req-{i}" for i in range(num_seqs)], [17] * num_seqs, [300] * num_seqs),
+    )
+    return {"plan": plan, "result": result, "deltas": deltas, "columns": next_tokens}
+
+
+def _decode_deltas(module, data: bytes):
+    """What the gateway does with a TokenDeltas: decode, and records for the columns."""
+    message = module.decode(data)
+    plain = getattr(message, "next_tokens", None)
+    if plain is not None:
+        [plain.delta(i) for i in range(len(plain.request_ids))]
+    return message
 
 
 def time_codec(module, message, repeats: int) -> dict:
     data = module.encode(message)
     assert module.decode(data) == message
+    decode = module.decode
+    if isinstance(message, TokenDeltas):
+        decode = functools.partial(_decode_deltas, module)
     t0 = time.perf_counter()
     for _ in range(repeats):
         module.encode(message)
     t1 = time.perf_counter()
     for _ in range(repeats):
-        module.decode(data)
+        decode(data)
     t2 = time.perf_counter()
     return {
         "encode_ms": 1e3 * (t1 - t0) / repeats,

@@ -276,6 +276,13 @@ class TokenDeltas:
     stats: SchedulerStats
     next_tokens: NextTokens | None = None  # the step's plain one-token deltas, if any
 
+    def all_deltas(self) -> list[RequestDelta]:
+        """Every delta of the message as a record, the columns' after the others."""
+        plain = self.next_tokens
+        if plain is None:
+            return self.deltas
+        return self.deltas + [plain.delta(i) for i in range(len(plain.request_ids))]
+
 
 @dataclass
 class CompileGrammar:

@@ -128,7 +128,7 @@ async def test_two_gateways_each_get_only_their_own_requests_deltas(
             while done != set(mine):
                 message = await recv(raw)
                 if isinstance(message, TokenDeltas):
-                    for delta in message.deltas:
+                    for delta in message.all_deltas():  # the columns' too
                         seen.add(delta.request_id)
                         for seq in delta.seqs:
                             tokens[delta.request_id].extend(seq.token_ids)

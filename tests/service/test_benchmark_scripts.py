@@ -301,7 +301,8 @@ CASES = [
     Case(
         "wire_cost",
         lambda m, out: ["--seqs", "4", "--repeats", "1", "--json", str(out)],
-        ("by_seqs.4.plan.current.encode_ms", "by_seqs.4.deltas.current.bytes"),
+        ("by_seqs.4.plan.current.encode_ms", "by_seqs.4.deltas.current.bytes",
+         "by_seqs.4.columns.current.decode_ms"),
     ),
 ]  # fmt: skip
 
