@@ -34,7 +34,16 @@ class RequestLimits:
         """A prompt is non-empty, made of token ids, and leaves room for one generated token."""
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty", param=param)
-        bad = [t for t in prompt_token_ids if not self._is_token_id(t)]
+        # Plain ints within the vocabulary (nearly every prompt) are found with C-level passes
+        # (type, min, max) instead of a Python test per token: on a long prompt that test is
+        # the slow part, and the scheduler runs it on its loop while every stream waits.
+        # Anything else (a bool, another type, an id out of range) takes the per-token test,
+        # which names the first bad id.
+        plain = set(map(type, prompt_token_ids)) == {int}
+        if plain and min(prompt_token_ids) >= 0 and max(prompt_token_ids) < self.vocab_size:
+            bad = []
+        else:
+            bad = [t for t in prompt_token_ids if not self._is_token_id(t)]
         if bad:
             raise InvalidRequestError(
                 f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})",

@@ -34,6 +34,8 @@ def test_the_gateway_builds_the_same_limits_from_its_announcement():
         ([5, 100], "outside the vocabulary", None),
         ([5, True], "outside the vocabulary", None),
         ([5, 1.0], "outside the vocabulary", None),
+        ([5, -1], "token id -1 is outside the vocabulary", None),
+        ([False, 5], "token id False is outside the vocabulary", None),
         ([5] * 32, "no room to generate: at most 31 prompt tokens", "context_length_exceeded"),
     ],
 )
@@ -42,6 +44,16 @@ def test_bad_prompts_are_refused_naming_the_param(tokens, message, code):
         LIMITS.check_prompt(tokens, "messages")
     assert (info.value.param, info.value.code) == ("messages", code)
     LIMITS.check_prompt([5] * 31)  # one token of room is enough
+
+
+def test_every_id_of_the_vocabulary_passes_also_as_an_int_subclass():
+    import enum
+
+    class Token(enum.IntEnum):
+        LAST = 99
+
+    LIMITS.check_prompt([0, 50, 99])
+    LIMITS.check_prompt([0, Token.LAST])  # an int, though not a plain one: the slow test
 
 
 def test_samples_and_token_ids_are_checked_against_this_server():
