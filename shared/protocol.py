@@ -246,8 +246,9 @@ class SchedulerStats:
 class NextTokens:
     """Most requests' deltas of a decode step, as columns: one new token each of a request with
     one sample that goes on and asks for no logprobs (the delta's every other field at its
-    default). A record per request cost the scheduler about 2 us each to build and encode, on
-    its step loop; these are three lists. delta(i) is the RequestDelta they stand for."""
+    default). Built and encoded as a record per request, they were most of the scheduler's
+    per-step delta work (docs/benchmarks.md, "deltas as columns"); these are three lists.
+    delta(i) is the RequestDelta they stand for."""
 
     request_ids: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)

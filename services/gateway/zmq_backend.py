@@ -189,18 +189,11 @@ class ZmqBackend:
             self._stats = message.stats
             if self.stats_log is not None and (message.deltas or message.next_tokens):
                 self.stats_log.append(message.stats)
-            for delta in message.deltas:
+            for delta in message.all_deltas():  # the plain one-token columns' too
                 self._unacked.discard(delta.request_id)
                 queue = self._queues.get(delta.request_id)
                 if queue is not None:
                     queue.put_nowait(delta)
-            plain = message.next_tokens
-            if plain is not None:  # one token each of requests that go on: as deltas above
-                for i, request_id in enumerate(plain.request_ids):
-                    self._unacked.discard(request_id)
-                    queue = self._queues.get(request_id)
-                    if queue is not None:
-                        queue.put_nowait(plain.delta(i))
         elif isinstance(message, KvState):
             self._kv_states.deliver(message)
         elif isinstance(message, SchedulerReady):

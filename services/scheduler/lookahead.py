@@ -18,8 +18,6 @@ from typing import Protocol
 from services.scheduler.sequence import SeqStatus, Sequence, SequenceGroup
 from services.scheduler.stop_rules import reaches_length
 
-FINISHED = SeqStatus.FINISHED
-
 
 class _Entry(Protocol):
     seq: Sequence
@@ -40,14 +38,14 @@ def lookahead_seqs(
     for group in running:
         seqs = group.seqs
         if len(seqs) == 1:
-            num_live += seqs[0].status is not FINISHED
+            num_live += seqs[0].status is not SeqStatus.FINISHED
         else:
             num_live += len(group.live_seqs())
     num_unfinished = 0
     ahead = []
     for entry in entries:
         seq, group = entry.seq, entry.group
-        if seq.status is FINISHED:
+        if seq.status is SeqStatus.FINISHED:
             continue  # aborted while the step runs
         num_unfinished += 1
         if group.beam is not None or entry.fork_seq_ids:

@@ -37,12 +37,6 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
         if group.beam is None:
             for sample in seqs:  # the API shows a cumulative logprob beside beams only
                 sample.cumulative_logprob = None
-    elif len(group.seqs) == 1 and len(update.new_tokens) == 1 and group.sampling.logprobs is None:
-        # Most updates, every step: one sample, one new token, no logprobs (what the general
-        # path below builds, without its dictionary and passes).
-        seq, token = update.new_tokens[0]
-        finished = seq.status is SeqStatus.FINISHED
-        seqs = [SeqDelta(seq.index, [token.token_id], [], seq.finish_reason if finished else None)]
     else:
         want_logprobs = group.sampling.logprobs is not None
         by_index: dict[int, SeqDelta] = {}
@@ -57,16 +51,13 @@ def group_delta(update: GroupUpdate) -> RequestDelta:
                     seq.index, SeqDelta(seq.index, [])
                 ).finish_reason = seq.finish_reason
         seqs = [by_index[i] for i in sorted(by_index)]
-    prompt_logprobs = None
-    if group.sampling.prompt_logprobs is not None:
-        prompt_logprobs = _unsent_prompt_logprobs(group)
     return RequestDelta(
         group.request_id,
         seqs,
         update.finished,
         update.error,
-        group.seqs[0].prompt_len,  # num_prompt_tokens
-        prompt_logprobs,
+        num_prompt_tokens=group.seqs[0].prompt_len,
+        prompt_logprobs=_unsent_prompt_logprobs(group),
     )
 
 

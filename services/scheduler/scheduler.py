@@ -728,9 +728,7 @@ class Scheduler:
         self._pending_updates.append(GroupUpdate(group, finished=True))
 
     def _can_write(self, writes: list[tuple[Sequence, int]]) -> bool:
-        needed = self.block_manager.num_new_blocks(
-            [(s.seq_id, s.num_computed_tokens, n) for s, n in writes]
-        )
+        needed = self.block_manager.num_new_blocks(self._as_writes(writes))
         return needed <= self.block_manager.device.num_free
 
     def _outgrows_rope(self, seq: Sequence, end: int) -> bool:
