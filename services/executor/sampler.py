@@ -156,21 +156,29 @@ def apply_bitmask(
 
 
 def _draw(
-    logits: torch.Tensor, batch: SamplingBatch, vocab: int
+    logits: torch.Tensor, batch: SamplingBatch, vocab: int, fused: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B] drawn ids, and the [B, vocab] logits they raced over when batch.want_filtered."""
+    """[B] drawn ids, and the [B, vocab] logits they raced over when batch.want_filtered.
+    fused: the Triton kernel draws (None: on a GPU; tests ask for it under the interpreter)."""
     processed = logits
     greedy_rows = batch.temperature == 0
     greedy_ids = logits.argmax(dim=-1)
     # Greedy rows divide by 1: their draw is discarded below, and nothing becomes inf or nan.
     temperature = torch.where(greedy_rows, torch.ones_like(batch.temperature), batch.temperature)
-    filters = batch.use_min_p or batch.use_top_p or batch.use_top_k
-    if logits.is_cuda and not filters and not batch.want_filtered:
-        # One fused pass per row (kernels/triton_sampling.py): the same tokens as below,
-        # without the [B, vocab] noise and scaled-logits buffers.
+    if (logits.is_cuda if fused is None else fused) and not batch.want_filtered:
+        # One fused program per row (kernels/triton_sampling.py): the same tokens as below,
+        # without the [B, vocab] noise and scaled-logits buffers, and without sorting the
+        # vocabulary for top-p (its filters search each row's thresholds instead).
         from kernels.triton_sampling import gumbel_argmax
 
-        drawn = gumbel_argmax(logits, temperature, batch.rng_keys)
+        drawn = gumbel_argmax(
+            logits,
+            temperature,
+            batch.rng_keys,
+            top_k=batch.top_k if batch.use_top_k else None,
+            top_p=batch.top_p if batch.use_top_p else None,
+            min_p=batch.min_p if batch.use_min_p else None,
+        )
         return torch.where(greedy_rows, greedy_ids, drawn), None
     logits = logits / temperature[:, None]
     if batch.use_min_p:
