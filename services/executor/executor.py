@@ -199,8 +199,8 @@ class Executor:
         self.graphs = self._capture_graphs(config)
 
     def _warm_up_kernels(self) -> None:
-        """On a GPU with the Triton kernels, compile each attention variant now, not in the
-        middle of a served step (kernels/triton_warmup.py)."""
+        """On a GPU with the Triton kernels, compile each attention and sampling variant now,
+        not in the middle of a served step (kernels/triton_warmup.py, triton_sampling.py)."""
         if self.device.type != "cuda" or self.ops.name != "triton":
             return
         from kernels.triton_warmup import warm_up_attention
@@ -211,6 +211,10 @@ class Executor:
         warm_up_attention(
             pool[0, 0], pool[0, 1], heads, spec.softmax_scale, spec.attn_softcap, spec.windows
         )
+        if self.shard.is_driver:  # only rank 0 samples, over the whole vocabulary
+            from kernels.triton_sampling import warm_up_sampling
+
+            warm_up_sampling(spec.vocab_size, self.device)
 
     def _capture_graphs(self, config: EngineConfig) -> DecodeGraphs | None:
         """CUDA graphs for decode steps, where they apply: a CUDA device, the Triton kernels, one

@@ -305,16 +305,21 @@ class SamplingStates:
         vocab = self.vocab_size
         top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         used_k = [k for k in top_k if k < vocab]
+        # Rows padded to a multiple of 4 entries: each row of the two uploads then starts 16
+        # bytes aligned, as a fresh tensor does, so that a Triton kernel reading them (the
+        # fused sampler) is not compiled again for another alignment at another batch size.
+        n, pad = len(draws), [0] * (-len(draws) % 4)
         floats = torch.tensor(
             [
-                [0.0 if p.greedy else p.temperature for p in params],
-                [p.top_p if p.top_p < 1.0 else float("inf") for p in params],
-                [p.min_p for p in params],
+                [0.0 if p.greedy else p.temperature for p in params] + pad,
+                [p.top_p if p.top_p < 1.0 else float("inf") for p in params] + pad,
+                [p.min_p for p in params] + pad,
             ],
             dtype=torch.float32,
         )
-        ints = torch.tensor([[d.logits_row for d in draws], top_k], dtype=torch.int64)
+        ints = torch.tensor([[d.logits_row for d in draws] + pad, top_k + pad], dtype=torch.int64)
         floats, ints = host_to_device(floats, self.device), host_to_device(ints, self.device)
+        floats, ints = floats[:, :n], ints[:, :n]
         asked = [p.num_top_logprobs(self.eos_token_ids) for p in params if p.wants_logprob]
         # Greedy rows draw nothing: their keys are never read.
         random_rows = [i for i, p in enumerate(params) if not p.greedy]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from services.executor.counter_rng import position_key, position_keys, row_key
@@ -78,3 +79,16 @@ def test_min_tokens_masks_follow_the_outputs_on_a_reused_layout():
     assert 7 in states.build(draws).edit_tokens.tolist()
     states.observe(0, [9], len(PROMPT) + 1, samples=True)
     assert states.build(draws).edit_tokens is None  # two outputs: no longer masked
+
+
+def test_per_row_parameters_start_aligned_at_every_batch_size():
+    # The fused sampler reads them; a pointer's 16-byte alignment is part of what Triton
+    # compiles for, so an odd batch size must not hand it a differently aligned row.
+    for rows in range(1, 10):
+        params = {i: SamplingParams(temperature=0.7, top_k=5, top_p=0.9) for i in range(rows)}
+        batch = _states(params).build([Draw(i, i) for i in range(rows)])
+        for name in ("temperature", "top_k", "top_p", "min_p", "logits_rows"):
+            tensor = getattr(batch, name)
+            assert tensor.data_ptr() % 16 == 0 and tensor.shape == (rows,), (rows, name)
+        assert batch.top_k.tolist() == [5] * rows
+        assert batch.top_p.tolist() == pytest.approx([0.9] * rows)
