@@ -9,6 +9,7 @@
 #   STAGES=sweep benchmarks/gpu_session.sh                    # launch options; commit its file
 #   STAGES="syncs 1b-quick" benchmarks/gpu_session.sh         # overlap checks, a shorter 1b
 #   STAGES=profile benchmarks/gpu_session.sh                  # where a step's host time goes
+#   STAGES=sampling benchmarks/gpu_session.sh                 # the fused sampler against torch's
 #
 # --prepare downloads the wheels the GPU image lacks (as last seen: Python 3.12 with torch,
 # triton, transformers, aiohttp, msgpack, uvloop, pytest; no pyzmq, gguf, pytest-asyncio,
@@ -100,6 +101,9 @@ for s in $STAGES; do
             tests/triton/test_triton_warmup.py ;;
     kernels)
         stage kernels 90 benchmarks/attention_kernels.py --dtype bfloat16 --output "$OUT/kernels.json" ;;
+    sampling)  # the sampler's draw: torch's sort path against the fused kernel, 256 rows
+        stage sampling 90 benchmarks/sampling_kernel.py --vocabs 49152,128256 \
+            --json "$OUT/sampling_kernel.json" ;;
     1b)  # in-process (overlapped, one step after another, eager), served (async and sync),
         # transformers generate
         stage 1b 210 benchmarks/gpu_throughput.py --shape 1b --tokenizer "$TOKENIZER" \

@@ -185,6 +185,13 @@ CASES = [
         ("rows.0.speedup", "rows.0.tokens_differing", "candidate_tiers"),
     ),
     Case(
+        # Interpreted on a CPU (tests/conftest.py sets TRITON_INTERPRET): a few rows only.
+        "sampling_kernel",
+        lambda m, out: ["--device", "cpu", "--batch", "2", "--vocabs", "200", "--reps", "1",
+                        "--json", str(out)],
+        ("results.1.fused_ms", "results.1.torch_ms"),
+    ),
+    Case(
         "long_prompt_fairness",
         lambda m, out: ["--setting", "tiny=", "--common", f"--model {m}", "--vocab-size", "384",
                         "--long-len", "64", "--short-len", "4", "--idle-tokens", "4",

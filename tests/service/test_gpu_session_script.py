@@ -23,13 +23,13 @@ def _dry_run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
 
 def test_the_dry_run_parses_every_stage_and_collects_the_gpu_tests(tmp_path):
     stages = ("tests", "kernels", "1b", "1b-quick", "syncs", "profile", "profile-8b", "1b-varied",
-              "8b", "sweep")  # fmt: skip
+              "8b", "sweep", "sampling")  # fmt: skip
     done = _dry_run(tmp_path, STAGES=" ".join(stages))
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "out" / "session.log").read_text()
     for stage in stages:
         assert f"== {stage}: exit 0" in log, log
-    assert log.count("parsed: benchmarks/") == 9
+    assert log.count("parsed: benchmarks/") == 10
     assert "test_triton_decode.py: " in log  # collected, not run
 
 
