@@ -36,8 +36,8 @@ from services.executor.counter_rng import _GOLDEN, _MIX1, _MIX2
 _BLOCK = 1024  # vocabulary entries per tile of the plain draw
 _SEARCH_BLOCK = 256  # per tile of the filtered draw: each entry meets SEARCH_WAYS thresholds
 _SEARCH_WAYS = 16
-_KEY_MIN = -(2**31)  # at or below every float's key
-_KEY_MAX = 2**31 - 1  # at or above every float's key
+# Read inside the kernel: module constants a compiled kernel may use must be constexpr.
+_KEY_MIN = tl.constexpr(-(2**31))  # at or below every float's key
 # A search's passes: 8 narrow any key interval to one key; the cap only matters for a row
 # whose values are not numbers (NaN logits), which must still end its program.
 _MAX_PASSES = 10
