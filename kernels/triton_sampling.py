@@ -59,6 +59,15 @@ def _ways(lo, hi, WAYS: tl.constexpr):
     return lo + ((hi - lo) * j) // (WAYS + 1)
 
 
+@triton.jit
+def _scaled_tile(base, start, vocab, temperature, BLOCK: tl.constexpr):
+    """Entries [start, start + BLOCK) of a row as logits / T (-inf past the vocabulary), and
+    which of them are in it."""
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < vocab
+    return tl.load(base + offs, mask=mask, other=float("-inf")) / temperature, mask
+
+
 @triton.jit(do_not_specialize=["vocab", "stride_row"])
 def _gumbel_argmax_kernel(
     logits_ptr,  # [rows, vocab] fp32
@@ -89,9 +98,8 @@ def _gumbel_argmax_kernel(
         # The row's largest scaled logit: min-p's base and the softmax's shift.
         top = tl.full([], float("-inf"), tl.float32)
         for start in range(0, vocab, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < vocab, other=float("-inf"))
-            top = tl.maximum(top, tl.max(x / temperature, axis=0))
+            x, _ = _scaled_tile(base, start, vocab, temperature, BLOCK)
+            top = tl.maximum(top, tl.max(x, axis=0))
         floor = top + tl.load(log_min_p_ptr + row)
         # top-k: count(key >= lo) >= k > count(key >= hi); masked tokens count as -inf, as
         # the torch path's masked logits do. Off: hi = lo + 1, no pass.
@@ -104,9 +112,7 @@ def _gumbel_argmax_kernel(
             ways = _ways(lo, hi, WAYS)
             count = tl.zeros([WAYS], tl.int64)
             for start in range(0, vocab, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                mask = offs < vocab
-                x = tl.load(base + offs, mask=mask, other=float("-inf")) / temperature
+                x, mask = _scaled_tile(base, start, vocab, temperature, BLOCK)
                 x = tl.where(x < floor, float("-inf"), x)
                 at_or_above = (_order_key(x)[:, None] >= ways[None, :]) & mask[:, None]
                 count += tl.sum(at_or_above.to(tl.int64), axis=0)
@@ -122,8 +128,7 @@ def _gumbel_argmax_kernel(
         hi = tl.where(top_p < 1.0, _order_key(top), lo + 1)
         if top_p < 1.0:
             for start in range(0, vocab, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")) / temperature
+                x, _ = _scaled_tile(base, start, vocab, temperature, BLOCK)
                 kept = (x >= floor) & (_order_key(x) >= k_key)
                 total += tl.sum(tl.where(kept, tl.exp(x - top), 0.0), axis=0)
         passes = 0
@@ -132,8 +137,7 @@ def _gumbel_argmax_kernel(
             ways = _ways(lo, hi, WAYS)
             mass = tl.zeros([WAYS], tl.float32)
             for start in range(0, vocab, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                x = tl.load(base + offs, mask=offs < vocab, other=float("-inf")) / temperature
+                x, _ = _scaled_tile(base, start, vocab, temperature, BLOCK)
                 x_key = _order_key(x)
                 prob = tl.where((x >= floor) & (x_key >= k_key), tl.exp(x - top) / total, 0.0)
                 above = x_key[:, None] > ways[None, :]
