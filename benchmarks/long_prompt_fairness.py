@@ -111,6 +111,13 @@ async def measure(url: str, args: argparse.Namespace) -> dict:
             await asyncio.sleep(0.01)
         rerun.cancel()
         matched = [alone[i] - alone[i - 1] for i in index if i < len(alone)]
+    if len(idle) < 2 or not matched:
+        # A gateway that falls behind sends what queued as one chunk: on a loaded machine a
+        # short stream may arrive whole, and there is no gap to measure.
+        raise SystemExit(
+            f"too few chunks to measure gaps (idle stream {len(idle)}, matched {len(matched)}): "
+            "the machine is too loaded, or --idle-tokens is too small"
+        )
     return {
         "idle_matched_max_gap_s": max(matched),
         "idle_matched_median_gap_s": statistics.median(matched),

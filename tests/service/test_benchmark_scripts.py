@@ -194,7 +194,7 @@ CASES = [
     Case(
         "long_prompt_fairness",
         lambda m, out: ["--setting", "tiny=", "--common", f"--model {m}", "--vocab-size", "384",
-                        "--long-len", "64", "--short-len", "4", "--idle-tokens", "4",
+                        "--long-len", "64", "--short-len", "4", "--idle-tokens", "32",
                         "--stream-tokens", "200", "--json", str(out)],
         ("rows.0.long_prompt_latency_s", "rows.0.idle_max_gap_s", "rows.0.idle_matched_p99_gap_s"),
     ),
