@@ -169,6 +169,51 @@ def test_rows_that_are_not_numbers_end_their_searches():
     assert ((drawn >= 0) & (drawn < vocab)).all()
 
 
+def test_an_engine_with_the_fused_sampler_draws_the_torch_samplers_tokens(
+    tiny_model_dir, monkeypatch
+):
+    # The whole path a GPU step takes to the kernel (the sampling layout's aligned per-row
+    # tensors, the batch's filter flags, greedy rows among drawing ones), on the CPU: the same
+    # requests with the sampler's torch path and with every draw through the kernel.
+    from services.engine.llm_engine import LLMEngine
+    from services.executor import sampler
+    from shared.sampling import SamplingParams
+    from tests.factories import engine_config, random_prompts
+
+    prompts = random_prompts([5, 9, 3, 7, 4, 6], 384, seed=2)
+    common = dict(max_tokens=5, ignore_eos=True)
+    # Narrow filters: the tiny random model's logits are nearly flat, so wide ones would
+    # rarely change a draw.
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.2, seed=1, **common),
+        SamplingParams(temperature=1.0, top_k=3, seed=2, **common),
+        SamplingParams(temperature=0.0, **common),
+        SamplingParams(temperature=0.3, min_p=0.9, seed=3, **common),
+        SamplingParams(temperature=1.0, seed=4, **common),  # unfiltered beside filtered rows
+        SamplingParams(temperature=0.5, min_p=0.5, top_k=5, top_p=0.6, seed=5, **common),
+    ]
+
+    def run(params) -> list[list[int]]:
+        engine = LLMEngine(engine_config(tiny_model_dir))
+        return [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+
+    through_torch = run(params)
+    unfiltered = [SamplingParams(temperature=p.temperature, seed=p.seed, **common) for p in params]
+    # The filters decide draws here: each filtered request draws otherwise without them.
+    without = run(unfiltered)
+    assert [without[i] != through_torch[i] for i in (0, 1, 3, 5)] == [True] * 4
+    draws = []
+    draw = sampler._draw
+
+    def fused(logits, batch, vocab, fused=None):
+        draws.append(logits.shape[0])
+        return draw(logits, batch, vocab, fused=True)
+
+    monkeypatch.setattr(sampler, "_draw", fused)
+    assert run(params) == through_torch
+    assert draws and max(draws) == len(prompts)  # the kernel drew for the whole batch
+
+
 def test_warm_up_compiles_both_variants(monkeypatch):
     chosen = []
     launch = triton_sampling._gumbel_argmax_kernel
