@@ -150,16 +150,14 @@ def _gumbel_argmax_kernel(
     best = tl.full([], float("-inf"), tl.float32)
     best_index = tl.full([], 0, tl.int64)
     for start in range(0, vocab, BLOCK):
+        scaled, mask = _scaled_tile(base, start, vocab, temperature, BLOCK)
         offs = start + tl.arange(0, BLOCK)
-        mask = offs < vocab
-        x = tl.load(base + offs, mask=mask, other=float("-inf"))
         # Element v's counter is (v + 1) * golden + key (mod 2**64): counter_rng.uniform.
         z = (offs + 1).to(tl.uint64) * golden + key
         z = (z ^ (z >> 30)) * mix1
         z = (z ^ (z >> 27)) * mix2
         z = z ^ (z >> 31)
         u = ((z >> 41).to(tl.float32) + 0.5) * (1.0 / 8388608.0)  # top 23 bits, in (0, 1)
-        scaled = x / temperature
         score = scaled + -tl.log(-tl.log(u))
         if FILTERS:
             x_key = _order_key(scaled)
@@ -197,8 +195,9 @@ def gumbel_argmax(
         if top_p is None:
             top_p = torch.full((rows,), float("inf"), device=logits.device)
         # torch's log, as the torch path's min-p threshold uses: the same float.
-        log_min_p = torch.full((rows,), float("-inf"), device=logits.device)
-        if min_p is not None:
+        if min_p is None:
+            log_min_p = torch.full((rows,), float("-inf"), device=logits.device)
+        else:
             log_min_p = torch.log(min_p)
         block = min(_SEARCH_BLOCK, triton.next_power_of_2(vocab))
     else:
