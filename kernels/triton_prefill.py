@@ -50,13 +50,13 @@ def _prefill_kernel(
     stride_bts,
     stride_btb,
     GROUP: tl.constexpr,  # query heads per kv head
-    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two (tl.arange needs one)
+    GROUP_PAD: tl.constexpr,  # power of two >= GROUP (tl.arange); BLOCK_Q * it >= 16 if USE_DOT
     BLOCK_Q: tl.constexpr,  # query tokens per program
     BLOCK_N: tl.constexpr,  # keys per inner step
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
-    USE_DOT: tl.constexpr,  # every tile dim >= 16; else broadcast-multiply and reduce
+    USE_DOT: tl.constexpr,  # every tile dim >= 16 (a GPU's dots); else multiply and reduce
     DOT_PRECISION: tl.constexpr,
     # 16-bit Q/K/V into the dots as they are (fp32 accumulation; P rounded to their type for
     # P @ V, as flash attention does): the full tensor-core rate, half the registers.
@@ -208,8 +208,14 @@ def paged_prefill_attention(
     # A decode-only batch gets a 1-token tile rather than a mostly idle 64-row one.
     block_q = max(1, min(tile_rows // group_pad, triton.next_power_of_2(max_query_len)))
     block_d = triton.next_power_of_2(head_dim)
-    # GPUs' tl.dot needs every dim >= 16; smaller tiles take the broadcast-and-sum path.
-    use_dot = block_q * group_pad >= 16 and block_n >= 16 and block_d >= 16
+    # GPUs' tl.dot needs every dim >= 16. A tile of fewer rows (short queries: a speculative
+    # verify, a chunk's tail) is padded to 16 with idle group members, as the decode kernel
+    # pads its group: masked rows cost no memory traffic, while the broadcast form's
+    # [rows, BLOCK_D, BLOCK_N] product lives in registers (255 of them and up to 5.8 KB of
+    # spills per thread at sm_90, scripts/compile_for_gpu.py --resources).
+    use_dot = block_n >= 16 and block_d >= 16
+    if use_dot and block_q * group_pad < 16:
+        group_pad = 16 // block_q
     # 16-bit data goes into the dots as it is (fp32 accumulation); fp32 inputs would lose 13
     # mantissa bits in tf32, hence full-precision dots there (and for 16-bit data the
     # interpreter cannot dot: kernels.triton_decode.native_dot_dtypes).

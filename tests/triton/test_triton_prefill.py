@@ -113,11 +113,24 @@ def test_strided_query():
     _run_case(MIXED, 4, 2, 64, 16, torch.float32, seed=10, strided_query=True)
 
 
-@pytest.mark.parametrize("group", [1, 2])
-def test_decode_only_batch_uses_broadcast_path(group):
-    # max_query_len == 1 gives 1- or 2-row tiles: below tl.dot's 16, the broadcast-and-sum path.
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_one_token_tiles_pad_the_group_to_a_dot(group):
+    # max_query_len == 1 gives tiles of 1-3 rows: the group is padded with idle members to
+    # tl.dot's 16 rows (GROUP_PAD 16), whose outputs are never stored.
     shapes = [(5, 1), (33, 1), (16, 1), (0, 1), (24, 1)]
     _run_case(shapes, 2 * group, 2, 64, 8, torch.float32, seed=11, share=(1, 4))
+
+
+def test_short_queries_pad_the_group_to_a_dot():
+    # Two-token queries (a speculative verify of one proposal) with a group of 3: BLOCK_Q 2 x
+    # GROUP_PAD 8 rows, 2 of every 8 idle, and a chunk of 2 starting mid-block.
+    shapes = [(7, 2), (30, 2), (16, 2), (18, 2)]
+    _run_case(shapes, 6, 2, 64, 16, torch.float32, seed=15, share=(1, 3))
+
+
+def test_head_dim_under_16_takes_the_broadcast_path():
+    # No tl.dot below 16 in any dim: head_dim 8 multiplies and reduces in registers instead.
+    _run_case(MIXED, 4, 2, 8, 16, torch.float32, seed=16)
 
 
 def test_several_query_tiles_per_sequence(monkeypatch):
