@@ -6,7 +6,10 @@ inside a kernel, a loop variable that changes type), so a kernel can pass every 
 fail on its first GPU launch. This drives the kernels' own Python wrappers (the attention
 warm-up's variants, the KV store and block copy, the MoE GEMM, both sampler variants) with CPU
 tensors while Triton believes the current device is a CUDA GPU of the given capability, and
-turns every launch into a compile-only warm-up. Prints one line per compiled kernel variant.
+turns every launch into a compile-only warm-up. Prints one line per compiled kernel variant,
+with its registers and stack bytes per thread as the compiled binary records them (cuobjdump,
+shipped with Triton): a stack frame in these kernels is registers spilled to local memory,
+which a CPU test can catch before a GPU run measures it.
 
     .venv/bin/python -m scripts.compile_for_gpu --capability 90
 """
@@ -14,14 +17,21 @@ turns every launch into a compile-only warm-up. Prints one line per compiled ker
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 # Before triton is imported: the kernels must be compiled, not interpreted.
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -44,22 +54,47 @@ class CompileOnlyDriver:
         return 0
 
 
-def compile_only(capability: int) -> list[str]:
+def compile_only(capability: int) -> list[dict]:
     """Make every later kernel launch in this process compile for `capability` and return
-    without running; returns the list each compiled variant's name is appended to."""
-    compiled: list[str] = []
+    without running; returns the list each compiled variant is appended to (its kernel,
+    constexprs, compile seconds, registers and stack bytes per thread)."""
+    compiled: list[dict] = []
     driver.set_active(CompileOnlyDriver(capability))
     run = JITFunction.run
 
     def warm(self, *args, grid, warmup, **kwargs):
         start = time.perf_counter()
         kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        constexprs = {k: v for k, v in kwargs.items() if k.isupper()}
-        compiled.append(f"{self.fn.__name__} {constexprs} {time.perf_counter() - start:.1f}s")
+        seconds = time.perf_counter() - start
+        registers, stack = resource_usage(kernel.asm["cubin"])
+        compiled.append(
+            {
+                "kernel": self.fn.__name__,
+                "constexprs": {k: v for k, v in kwargs.items() if k.isupper()},
+                "compile_s": round(seconds, 2),
+                "registers": registers,
+                "stack_bytes": stack,
+            }
+        )
         return kernel
 
     JITFunction.run = warm
     return compiled
+
+
+def resource_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers, stack bytes) per thread of the one kernel in a compiled binary."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        done = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "-res-usage", file.name],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    found = re.search(r"REG:(\d+) STACK:(\d+)", done.stdout)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's output: {done.stdout[-500:]}")
+    return int(found[1]), int(found[2])
 
 
 def drive_kernels(dtype: torch.dtype) -> None:
@@ -105,11 +140,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capability", type=int, default=90, help="e.g. 90 for an H100/H200")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--json", default=None, help="write every variant's resources here")
     args = parser.parse_args()
     compiled = compile_only(args.capability)
     drive_kernels(getattr(torch, args.dtype))
-    print("\n".join(compiled))
+    for v in compiled:
+        print(
+            f"{v['kernel']} {v['constexprs']} {v['compile_s']:.1f}s "
+            f"registers {v['registers']} stack {v['stack_bytes']}"
+        )
     print(f"compiled {len(compiled)} kernel variants for sm_{args.capability}")
+    if args.json:
+        report = {
+            "command": " ".join(["scripts/compile_for_gpu.py", *sys.argv[1:]]),
+            "capability": args.capability,
+            "dtype": args.dtype,
+            "triton": triton.__version__,
+            "variants": compiled,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -4,6 +4,7 @@ compiler rejects, and a lent GPU's minutes should not be spent finding that out.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -23,10 +24,12 @@ def _kernels_defined() -> set[str]:
     return names
 
 
-def test_every_kernel_variant_compiles_for_sm_90():
+def test_every_kernel_variant_compiles_for_sm_90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    report = tmp_path / "resources.json"
     done = subprocess.run(
-        [sys.executable, "-m", "scripts.compile_for_gpu", "--capability", "90"],
+        [sys.executable, "-m", "scripts.compile_for_gpu", "--capability", "90",
+         "--json", str(report)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -38,3 +41,15 @@ def test_every_kernel_variant_compiles_for_sm_90():
     out = done.stdout
     assert "'FILTERS': True" in out and "'FILTERS': False" in out
     assert "'SPLIT': True" in out and "'SOFTCAP': True" in out and "'WINDOW': True" in out
+    # No variant spills: a stack frame in these kernels is registers spilled to local memory
+    # (the prefill kernel's short-query tiles, when they multiplied and reduced in registers
+    # instead of padding to a dot, took 255 registers and 144-5,824 stack bytes per thread).
+    # A few variants keep an 8-byte frame: 16 bytes are allowed.
+    variants = json.loads(report.read_text())["variants"]
+    assert len(variants) == len([line for line in out.splitlines() if line.startswith("_")])
+    spilling = [v for v in variants if v["stack_bytes"] > 16]
+    assert not spilling, spilling
+    assert all(0 < v["registers"] <= 255 for v in variants)
+    # Every prefill variant of these head layouts (head_dim >= 16) runs its tiles as dots.
+    prefill = [v["constexprs"] for v in variants if v["kernel"] == "_prefill_kernel"]
+    assert prefill and all(options["USE_DOT"] for options in prefill)
