@@ -13,6 +13,11 @@ from kernels.triton_softcap import softcap_scores
 # Rows of one query tile: query tokens x the query heads of one GQA group. Folding the group into
 # the tile makes each K/V tile serve every head that shares it, so K/V is read once per group.
 _TILE_ROWS = 64
+# Tile rows are sized for heads of up to this many dims: a query tile's fp32 accumulator,
+# [rows, BLOCK_D], lives in registers, and 64 rows of 256 dims at 4 warps took all 255 and
+# spilled 104-144 bytes per thread at sm_80/sm_89 (24 at sm_90 with Triton 3.6), while 64 of
+# 128 spill nothing. Wider heads get proportionally fewer rows (scripts/compile_for_gpu.py).
+_TILE_HEAD_DIM = 128
 # Keys per inner step. Keys are gathered slot by slot through the block table, so this need not
 # equal the cache block size; 32 keeps tl.dot legal (>= 16) even for 8-token cache blocks.
 _BLOCK_N = 32
@@ -174,6 +179,14 @@ def prefill_shape(device: torch.device) -> tuple[int, int, dict[str, int]]:
     return options.pop("tile_rows", _TILE_ROWS), options.pop("block_n", _BLOCK_N), options
 
 
+def largest_query_tile(tile_rows: int, group_pad: int, head_dim: int) -> int:
+    """The most query tokens (BLOCK_Q) one program holds: tile_rows rows, fewer for heads wider
+    than _TILE_HEAD_DIM, over the GQA group's padded heads."""
+    block_d = triton.next_power_of_2(head_dim)
+    rows = tile_rows * _TILE_HEAD_DIM // max(block_d, _TILE_HEAD_DIM)
+    return max(1, rows // group_pad)
+
+
 def paged_prefill_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim], sequences back to back
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], step's K stored
@@ -206,7 +219,9 @@ def paged_prefill_attention(
     group_pad = triton.next_power_of_2(group)
     tile_rows, block_n, options = prefill_shape(query.device)
     # A decode-only batch gets a 1-token tile rather than a mostly idle 64-row one.
-    block_q = max(1, min(tile_rows // group_pad, triton.next_power_of_2(max_query_len)))
+    block_q = min(
+        largest_query_tile(tile_rows, group_pad, head_dim), triton.next_power_of_2(max_query_len)
+    )
     block_d = triton.next_power_of_2(head_dim)
     # GPUs' tl.dot needs every dim >= 16. A tile of fewer rows (short queries: a speculative
     # verify, a chunk's tail) is padded to 16 with idle group members, as the decode kernel

@@ -13,16 +13,21 @@ import torch
 import triton
 
 from kernels.triton_decode import paged_decode_attention
-from kernels.triton_prefill import _TILE_ROWS, paged_prefill_attention, prefill_shape
+from kernels.triton_prefill import (
+    _TILE_ROWS,
+    largest_query_tile,
+    paged_prefill_attention,
+    prefill_shape,
+)
 
 
 def prefill_query_tiles(
-    num_heads: int, num_kv_heads: int, tile_rows: int | None = None
+    num_heads: int, num_kv_heads: int, head_dim: int, tile_rows: int | None = None
 ) -> list[int]:
     """Every BLOCK_Q paged_prefill_attention can choose for this head layout with tiles of
     tile_rows rows (None: the default, _TILE_ROWS)."""
     group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-    largest = max(1, (tile_rows or _TILE_ROWS) // group_pad)
+    largest = largest_query_tile(tile_rows or _TILE_ROWS, group_pad, head_dim)
     tiles, rows = [], 1
     while rows <= largest:
         tiles.append(rows)
@@ -43,7 +48,8 @@ def warm_up_attention(
     block_size = k_cache.shape[1]
     ran = []
     for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):
-        for rows in prefill_query_tiles(num_heads, num_kv_heads, prefill_shape(device)[0]):
+        tile_rows = prefill_shape(device)[0]
+        for rows in prefill_query_tiles(num_heads, num_kv_heads, head_dim, tile_rows):
             query = torch.zeros(rows, num_heads, head_dim, dtype=dtype, device=device)
             table = torch.zeros(1, -(-rows // block_size), dtype=torch.int64, device=device)
             starts = torch.tensor([0, rows], dtype=torch.int64, device=device)

@@ -128,6 +128,24 @@ def test_short_queries_pad_the_group_to_a_dot():
     _run_case(shapes, 6, 2, 64, 16, torch.float32, seed=15, share=(1, 3))
 
 
+def test_wide_heads_take_half_height_tiles(monkeypatch):
+    # head_dim 256, group 2: 32-row tiles (16 query tokens), not 64, over a 40-token prompt.
+    chosen = []
+    launch = triton_prefill._prefill_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                chosen.append(kwargs["BLOCK_Q"])
+                return launch[grid](*args, **kwargs)
+
+            return run
+
+    monkeypatch.setattr(triton_prefill, "_prefill_kernel", Recorder())
+    _run_case([(0, 40), (21, 7)], 4, 2, 256, 16, torch.float32, seed=17, share=None)
+    assert chosen == [16]
+
+
 def test_head_dim_under_16_takes_the_broadcast_path():
     # No tl.dot below 16 in any dim: head_dim 8 multiplies and reduces in registers instead.
     _run_case(MIXED, 4, 2, 8, 16, torch.float32, seed=16)

@@ -17,10 +17,14 @@ from kernels.triton_warmup import prefill_query_tiles, warm_up_attention  # noqa
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def test_query_tiles_follow_the_group_size():
-    assert prefill_query_tiles(4, 4) == [1, 2, 4, 8, 16, 32, 64]
-    assert prefill_query_tiles(9, 3) == [1, 2, 4, 8, 16]  # group 3 pads to 4: 64 // 4 rows
-    assert prefill_query_tiles(32, 8) == [1, 2, 4, 8, 16]
+def test_query_tiles_follow_the_group_size_and_head_width():
+    assert prefill_query_tiles(4, 4, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert prefill_query_tiles(9, 3, 80) == [1, 2, 4, 8, 16]  # group 3 pads to 4: 64 // 4 rows
+    assert prefill_query_tiles(32, 8, 128) == [1, 2, 4, 8, 16]
+    # Heads wider than 128 dims: 32-row tiles (their accumulators would spill at 64 rows).
+    assert prefill_query_tiles(4, 4, 256) == [1, 2, 4, 8, 16, 32]
+    assert prefill_query_tiles(8, 4, 256) == [1, 2, 4, 8, 16]
+    assert prefill_query_tiles(8, 4, 256, tile_rows=128) == [1, 2, 4, 8, 16, 32]
 
 
 def test_warm_up_covers_each_variant_and_leaves_the_pool_alone(monkeypatch):
@@ -41,7 +45,7 @@ def test_warm_up_covers_each_variant_and_leaves_the_pool_alone(monkeypatch):
     v_cache = torch.randn(3, 16, 2, 32, generator=gen).to(DEVICE)
     before = (k_cache.clone(), v_cache.clone())
     ran = warm_up_attention(k_cache, v_cache, 4, 32**-0.5, None, (None, 8, None))
-    tiles = prefill_query_tiles(4, 2)
+    tiles = prefill_query_tiles(4, 2, 32)
     assert sorted(set(chosen)) == tiles  # each tile the kernel can choose was compiled
     for window in (None, 8):
         assert [r for k, r, w in ran if k == "prefill" and w == window] == tiles
