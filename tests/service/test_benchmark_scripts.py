@@ -306,6 +306,12 @@ CASES = [
         ("size_1.tok_per_s", "size_2.tok_per_s", "identical_greedy_outputs"),
     ),
     Case(
+        "triton_launch_overhead",
+        lambda m, out: ["--calls", "2", "--repeats", "1", "--rounds", "1", "--json", str(out)],
+        ("triton", "best_us.current.decode 1b, 256 rows", "best_us.current.sampler 256 rows, top-p",
+         "best_us.current.prefill 8b, 2 chunks"),
+    ),
+    Case(
         "wire_cost",
         lambda m, out: ["--seqs", "4", "--repeats", "1", "--json", str(out)],
         ("by_seqs.4.plan.current.encode_ms", "by_seqs.4.deltas.current.bytes",
