@@ -3,6 +3,8 @@ tokens as the synchronous loop, frees every block, and wastes at most one token 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from services.engine.llm_engine import LLMEngine
@@ -35,6 +37,33 @@ def _run(engine: LLMEngine, prompts, params) -> tuple[list, list]:
         [(o.token_ids, o.finish_reason, o.logprobs, o.cumulative_logprob) for o in out.outputs]
         for out in outputs
     ], ahead_plans
+
+
+def _without_logprobs(outputs: list) -> list:
+    """Each sample's tokens, finish reason, and the token ids of its logprob records."""
+    return [
+        [
+            (
+                tokens,
+                finish,
+                [(t.token_id, [i for i, _ in t.top_logprobs or []]) for t in lps or []],
+            )
+            for tokens, finish, lps, _ in samples
+        ]
+        for samples in outputs
+    ]
+
+
+def _logprobs(outputs: list) -> list[float]:
+    """Every logprob of every sample, flat: each token's, its top ones', the cumulative."""
+    flat = []
+    for samples in outputs:
+        for _, _, lps, cumulative in samples:
+            for t in lps or []:
+                flat.append(t.logprob)
+                flat.extend(v for _, v in t.top_logprobs or [])
+            flat.append(cumulative)
+    return [math.nan if v is None else v for v in flat]
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
@@ -80,7 +109,13 @@ def test_overlapped_sampling_features_equal_the_synchronous_loop(tiny_model_dir,
     overlapped, ahead = run(True)
     assert not none_ahead
     assert ahead  # once the beam search ended, the rest decoded ahead
-    assert overlapped == synchronous
+    # The same tokens and finish reasons; logprobs equal up to float rounding: a step planned
+    # ahead still holds a sample that has just stopped, and on some CPUs (AVX-512) fp32 GEMMs
+    # round a row differently when the batch has another row.
+    assert _without_logprobs(overlapped) == _without_logprobs(synchronous)
+    assert _logprobs(overlapped) == pytest.approx(
+        _logprobs(synchronous), rel=1e-5, abs=1e-5, nan_ok=True
+    )
     stopped = [out for out in synchronous[4] if out[1] == "stop"]
     assert stopped  # the stop tokens did end the sample early
 

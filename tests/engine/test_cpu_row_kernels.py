@@ -17,7 +17,7 @@ from shared.config import SpeculativeConfig
 from shared.sampling import SamplingParams
 from tests.factories import engine_config, random_prompts
 from tests.support.reference_model import VOCAB
-from tests.support.speculation import run_checked
+from tests.support.speculation import oracle_proposals, run_checked
 
 pytestmark = pytest.mark.skipif(
     cpu_rows.load_row_ops() is None, reason=f"not built: {cpu_rows.build_error()}"
@@ -72,13 +72,16 @@ def test_speculation_and_preemption_give_the_reference_layers_tokens(
     spec = SpeculativeConfig(
         method="ngram", ngram_min=1, num_tokens=3, max_batch=1000, adaptive=False
     )
-    config = dataclasses.replace(config, speculative=spec)
     sampling = dataclasses.replace(GREEDY, n=2, temperature=0.0)
+    plain, _ = run_checked(config, REPETITIVE, GREEDY)
+    oracle_proposals(monkeypatch, REPETITIVE, [p[0] for p in plain], VOCAB)
+    config = dataclasses.replace(config, speculative=spec)
     reference, _ = run_checked(_kernels(config, "off"), REPETITIVE, sampling)
     calls = _count_row_steps(monkeypatch)
     rows, engine = run_checked(config, REPETITIVE, sampling)
     assert rows == reference
-    assert engine.scheduler.speculation.num_accepted > 0
+    speculation = engine.scheduler.speculation
+    assert speculation.num_proposed > speculation.num_accepted > 0  # both outcomes verified
     assert any(n > len(REPETITIVE) * 2 for n in calls)  # verify steps took the row kernels
     assert engine.scheduler.num_preemptions > 0
 
@@ -87,7 +90,7 @@ def test_speculation_and_preemption_give_the_reference_layers_tokens(
     ("quantization", "num_tokens"), [("int8", 1), ("int8", 3), ("int8", 5), ("int4", 3)]
 )
 def test_quantized_speculation_keeps_plain_decodings_tokens(
-    tiny_model_dir, quantization, num_tokens
+    tiny_model_dir, quantization, num_tokens, monkeypatch
 ):
     """With int8 or 4-bit weights too: each row of a verify step is quantized on its own levels
     by the row kernels' linears, so a verified token's logits are the bits its plain decode
@@ -103,11 +106,13 @@ def test_quantized_speculation_keeps_plain_decodings_tokens(
     kind = Int8Linear if quantization == "int8" else Int4Linear
     layers = [m for m in engine.executor.model.modules() if isinstance(m, kind)]
     assert layers and all(m.rows_packed is not None for m in layers)
+    oracle_proposals(monkeypatch, REPETITIVE, [p[0] for p in plain], VOCAB)
     speculating, engine = run_checked(
         dataclasses.replace(config, speculative=spec), REPETITIVE, GREEDY
     )
     assert speculating == plain
-    assert engine.scheduler.speculation.num_accepted > 0
+    speculation = engine.scheduler.speculation
+    assert speculation.num_proposed > speculation.num_accepted > 0  # both outcomes verified
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
