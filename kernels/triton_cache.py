@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels import reference
+from kernels.launch_math import cdiv, next_power_of_2
 from kernels.metadata import host_to_device
 
 # Elements of one cache block moved per copy_blocks program.
@@ -97,8 +98,8 @@ def store_kv(
         *value.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
-        BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_H=next_power_of_2(num_kv_heads),
+        BLOCK_D=next_power_of_2(head_dim),
     )
 
 
@@ -154,8 +155,8 @@ def copy_blocks(
     )
     # Through pinned memory: a pageable upload would wait for the step in flight.
     pair_tensor = host_to_device(torch.tensor(pairs, dtype=torch.int64), cache.device)
-    chunk = min(_COPY_CHUNK, triton.next_power_of_2(block_numel))
-    grid = (len(pairs), num_layers * 2, triton.cdiv(block_numel, chunk))
+    chunk = min(_COPY_CHUNK, next_power_of_2(block_numel))
+    grid = (len(pairs), num_layers * 2, cdiv(block_numel, chunk))
     _copy_blocks_kernel[grid](
         planes, pair_tensor, planes.stride(0), planes.stride(1), block_numel, CHUNK=chunk
     )

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_math import cdiv, next_power_of_2
 from kernels.triton_configs import launch_options
 from kernels.triton_softcap import softcap_scores
 
@@ -235,14 +236,19 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int, block_s
     """
     if num_seqs * num_kv_heads >= ENOUGH_PROGRAMS:
         return 1
-    return max(1, min(triton.cdiv(max_blocks * block_size, PARTITION_TOKENS), MAX_AUTO_SPLITS))
+    return max(1, min(cdiv(max_blocks * block_size, PARTITION_TOKENS), MAX_AUTO_SPLITS))
+
+
+# Whether this module's kernels are interpreted: @triton.jit reads TRITON_INTERPRET when it
+# decorates them, at import, so it is read once here too (not on every launch).
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def native_dot_dtypes() -> tuple[torch.dtype, ...]:
     """The 16-bit types the dots take as they are. bf16 only when compiled: Triton's interpreter
     keeps bf16 as raw uint16 and would multiply the bit patterns (its bf16 runs upcast, and the
     `gpu` tests check the native path)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if _INTERPRETED:
         return (torch.float16,)
     return (torch.float16, torch.bfloat16)
 
@@ -258,9 +264,9 @@ def tile_config(group: int, head_dim: int, block_size: int) -> tuple[int, int, b
     bf16, head_dim 128, block 16: group 8 broadcast takes 254 registers and spills at block
     32; the padded dot takes 92). Blocks under 16 slots use the broadcast multiply + tl.sum.
     """
-    head_dim_pad = triton.next_power_of_2(head_dim)
+    head_dim_pad = next_power_of_2(head_dim)
     use_dot = head_dim_pad >= 16 and block_size >= 16
-    group_pad = triton.next_power_of_2(group)
+    group_pad = next_power_of_2(group)
     if use_dot:
         group_pad = max(group_pad, 16)
     return group_pad, head_dim_pad, use_dot
@@ -271,7 +277,7 @@ def tile_blocks(tile_tokens: int, block_size: int, use_dot: bool) -> int:
     the broadcast form runs (its [GROUP_PAD, TILE, HEAD_DIM] product lives in registers)."""
     if not use_dot or tile_tokens <= block_size:
         return 1
-    return triton.next_power_of_2(tile_tokens // block_size)
+    return next_power_of_2(tile_tokens // block_size)
 
 
 def paged_decode_attention(
@@ -323,7 +329,7 @@ def paged_decode_attention(
 
     # Blocks one sequence's query reads: with a window, at most the ceil(window / block) + 1 it
     # spans, wherever in the table they lie.
-    span = min(max_blocks, triton.cdiv(window, block_size) + 1) if window else max_blocks
+    span = min(max_blocks, cdiv(window, block_size) + 1) if window else max_blocks
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, span, block_size)
     num_splits = min(num_splits, span)
@@ -399,6 +405,6 @@ def paged_decode_attention(
             HEAD_DIM_PAD=head_dim_pad,
             # At least the automatic choice's ceiling, so every automatic count shares one
             # compiled merge (a constexpr per power of two would compile up to four).
-            SPLITS_PAD=max(MAX_AUTO_SPLITS, triton.next_power_of_2(num_splits)),
+            SPLITS_PAD=max(MAX_AUTO_SPLITS, next_power_of_2(num_splits)),
         )
     return out

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_math import cdiv
+
 # Rows of pairs per program: 16 keeps tl.dot legal on GPUs (every dim >= 16).
 BLOCK_M = 16
 BLOCK_N = 32
@@ -101,7 +103,7 @@ def _grouped_gemm_kernel(
 
 def _grouped_gemm(a, b, c, weights, pairs, block_experts, pairs_per_a_row: int) -> None:
     n, k = b.shape[1], b.shape[2]
-    grid = (block_experts.shape[0], triton.cdiv(n, BLOCK_N))
+    grid = (block_experts.shape[0], cdiv(n, BLOCK_N))
     _grouped_gemm_kernel[grid](
         a,
         b,

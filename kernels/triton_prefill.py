@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_math import cdiv, next_power_of_2
 from kernels.triton_configs import launch_options
 from kernels.triton_decode import native_dot_dtypes
 from kernels.triton_softcap import softcap_scores
@@ -182,7 +183,7 @@ def prefill_shape(device: torch.device) -> tuple[int, int, dict[str, int]]:
 def largest_query_tile(tile_rows: int, group_pad: int, head_dim: int) -> int:
     """The most query tokens (BLOCK_Q) one program holds: tile_rows rows, fewer for heads wider
     than _TILE_HEAD_DIM, over the GQA group's padded heads."""
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = next_power_of_2(head_dim)
     rows = tile_rows * _TILE_HEAD_DIM // max(block_d, _TILE_HEAD_DIM)
     return max(1, rows // group_pad)
 
@@ -216,13 +217,13 @@ def paged_prefill_attention(
         return out
 
     group = num_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
+    group_pad = next_power_of_2(group)
     tile_rows, block_n, options = prefill_shape(query.device)
     # A decode-only batch gets a 1-token tile rather than a mostly idle 64-row one.
     block_q = min(
-        largest_query_tile(tile_rows, group_pad, head_dim), triton.next_power_of_2(max_query_len)
+        largest_query_tile(tile_rows, group_pad, head_dim), next_power_of_2(max_query_len)
     )
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = next_power_of_2(head_dim)
     # GPUs' tl.dot needs every dim >= 16. A tile of fewer rows (short queries: a speculative
     # verify, a chunk's tail) is padded to 16 with idle group members, as the decode kernel
     # pads its group: masked rows cost no memory traffic, while the broadcast form's
@@ -236,7 +237,7 @@ def paged_prefill_attention(
     # interpreter cannot dot: kernels.triton_decode.native_dot_dtypes).
     native_dot = use_dot and query.dtype in native_dot_dtypes() and k_cache.dtype == query.dtype
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
-    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    grid = (num_seqs, cdiv(max_query_len, block_q), num_kv_heads)
     _prefill_kernel[grid](
         query,
         k_cache,

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch_math import next_power_of_2
 from services.executor.counter_rng import _GOLDEN, _MIX1, _MIX2
 
 _BLOCK = 1024  # vocabulary entries per tile of the plain draw
@@ -199,10 +200,10 @@ def gumbel_argmax(
             log_min_p = torch.full((rows,), float("-inf"), device=logits.device)
         else:
             log_min_p = torch.log(min_p)
-        block = min(_SEARCH_BLOCK, triton.next_power_of_2(vocab))
+        block = min(_SEARCH_BLOCK, next_power_of_2(vocab))
     else:
         top_k = top_p = log_min_p = out  # not read
-        block = min(_BLOCK, triton.next_power_of_2(vocab))
+        block = min(_BLOCK, next_power_of_2(vocab))
     _gumbel_argmax_kernel[(rows,)](
         logits,
         temperature.contiguous(),

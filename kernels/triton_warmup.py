@@ -10,8 +10,8 @@ one-sequence batch that reads only the pool's block 0 (the kernels write only th
 from __future__ import annotations
 
 import torch
-import triton
 
+from kernels.launch_math import next_power_of_2
 from kernels.triton_decode import paged_decode_attention
 from kernels.triton_prefill import (
     _TILE_ROWS,
@@ -26,7 +26,7 @@ def prefill_query_tiles(
 ) -> list[int]:
     """Every BLOCK_Q paged_prefill_attention can choose for this head layout with tiles of
     tile_rows rows (None: the default, _TILE_ROWS)."""
-    group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+    group_pad = next_power_of_2(num_heads // num_kv_heads)
     largest = largest_query_tile(tile_rows or _TILE_ROWS, group_pad, head_dim)
     tiles, rows = [], 1
     while rows <= largest:
