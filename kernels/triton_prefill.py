@@ -227,8 +227,8 @@ def paged_prefill_attention(
     # GPUs' tl.dot needs every dim >= 16. A tile of fewer rows (short queries: a speculative
     # verify, a chunk's tail) is padded to 16 with idle group members, as the decode kernel
     # pads its group: masked rows cost no memory traffic, while the broadcast form's
-    # [rows, BLOCK_D, BLOCK_N] product lives in registers (255 of them and up to 5.8 KB of
-    # spills per thread at sm_90, scripts/compile_for_gpu.py --resources).
+    # [rows, BLOCK_D, BLOCK_N] product lives in registers (all 255 of them, or up to 5.8 KB
+    # per thread on the stack, at sm_90: scripts/compile_for_gpu.py).
     use_dot = block_n >= 16 and block_d >= 16
     if use_dot and block_q * group_pad < 16:
         group_pad = 16 // block_q
