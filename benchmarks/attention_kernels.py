@@ -65,11 +65,13 @@ def graphed(run):
     return graph.replay
 
 
-def measure(batch, context, h, hkv, d, bs, dtype, device, peak) -> dict:
-    """One (batch, context) cell: paged kernel vs dense SDPA, same lengths, same K/V values."""
+def measure(batch, context, h, hkv, d, bs, dtype, device, peak, splits=()) -> dict:
+    """One (batch, context) cell: paged kernel vs dense SDPA, same lengths, same K/V values;
+    and the paged kernel, graphed, at each split-K count of `splits` and at the automatic one
+    (whether choose_num_splits picks well on this GPU)."""
     import triton.testing
 
-    from kernels.triton_decode import paged_decode_attention
+    from kernels.triton_decode import choose_num_splits, paged_decode_attention
 
     k_cache, v_cache, table, seq_lens = paged_pool(batch, context, hkv, d, bs, dtype, device)
     q = torch.randn(batch, h, d, device=device, dtype=dtype)
@@ -91,7 +93,18 @@ def measure(batch, context, h, hkv, d, bs, dtype, device, peak) -> dict:
     # The two must compute the same attention (bf16 rounding apart).
     max_abs_diff = (paged().float() - sdpa().squeeze(2).float()).abs().max().item()
     moved = 2 * batch * context * hkv * d * k_cache.element_size()  # K and V, read once
+    auto = choose_num_splits(batch, hkv, table.shape[1], bs)
+    by_splits = {}
+    for n in sorted({auto, *(n for n in splits if n <= table.shape[1])}):
+
+        def split(n=n):
+            return paged_decode_attention(q, k_cache, v_cache, table, seq_lens, scale, num_splits=n)
+
+        by_splits[str(n)] = triton.testing.do_bench(graphed(split)) * 1e3
     return {
+        "auto_splits": auto,
+        "graphed_us_by_splits": by_splits,
+        "best_splits": int(min(by_splits, key=by_splits.get)),
         "max_abs_diff_vs_sdpa": max_abs_diff,
         "paged_graph_us": paged_graph_ms * 1e3,
         "sdpa_graph_us": sdpa_graph_ms * 1e3,
@@ -149,6 +162,9 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--batches", default="8,32,128")
     parser.add_argument("--contexts", default="64,256,1024,2048,4096")
+    parser.add_argument(
+        "--splits", default="1,2,4,8", help="split-K counts each decode cell is also timed at"
+    )
     parser.add_argument("--prefill-batches", default="1,8,32")
     parser.add_argument("--prefill-lens", default="128,512,2048")
     parser.add_argument("--output", default="benchmarks/results/kernels.json")
@@ -163,15 +179,18 @@ def main() -> int:
     peak = copy_bandwidth(device)
     rows = []
     print(f"{torch.cuda.get_device_name()}  copy bandwidth {peak / 1e9:.0f} GB/s  {args.dtype}")
-    header = ("batch", "context", "paged us", "sdpa us", "ratio", "paged GB/s")
-    print("{:>6} {:>8} {:>9} {:>9} {:>6} {:>11}".format(*header))
+    splits = [int(n) for n in args.splits.split(",") if n]
+    header = ("batch", "context", "paged us", "sdpa us", "ratio", "paged GB/s", "splits")
+    print("{:>6} {:>8} {:>9} {:>9} {:>6} {:>11}  {}".format(*header))
     for batch in map(int, args.batches.split(",")):
         for context in map(int, args.contexts.split(",")):
-            row = measure(batch, context, h, hkv, d, bs, dtype, device, peak)
+            row = measure(batch, context, h, hkv, d, bs, dtype, device, peak, splits)
             rows.append(row)
+            by_splits = " ".join(f"{n}:{us:.1f}" for n, us in row["graphed_us_by_splits"].items())
             print(
                 f"{batch:>6} {context:>8} {row['paged_us']:>9.1f} {row['sdpa_us']:>9.1f} "
-                f"{row['ratio_paged_over_sdpa']:>6.2f} {row['paged_bytes_per_s'] / 1e9:>11.0f}"
+                f"{row['ratio_paged_over_sdpa']:>6.2f} {row['paged_bytes_per_s'] / 1e9:>11.0f}  "
+                f"auto {row['auto_splits']}, graphed us by splits {by_splits}"
             )
     import triton.testing
 
