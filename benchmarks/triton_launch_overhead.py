@@ -133,17 +133,13 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    from services.bench.ref_worktree import ref_worktree
+    from services.bench.ref_worktree import alternated_rounds
 
-    roots = {"current": ROOT}
-    with ref_worktree(ROOT, args.compare_ref, "pagedserve-launch-ref-") as tree:
-        if tree is not None:
-            roots[args.compare_ref] = tree
-        runs: dict[str, list[dict]] = {label: [] for label in roots}
-        for _ in range(args.rounds):
-            for label, root in roots.items():
-                runs[label].append(run(root, args))
-                print(f"{label}: round {len(runs[label])} done", flush=True)
+    runs = alternated_rounds(
+        ROOT, args.compare_ref, "pagedserve-launch-ref-", args.rounds,
+        lambda root: run(root, args),
+        lambda label, _: print(f"{label}: round done", flush=True),
+    )  # fmt: skip
     names = list(runs["current"][0]["us_per_call"])
     best = {
         label: {n: min(r["us_per_call"][n] for r in rs) for n in names}

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -41,3 +41,27 @@ def run_worker(
         cwd=root, env=environ, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def alternated_rounds(
+    root: Path,
+    ref: str | None,
+    prefix: str,
+    rounds: int,
+    measure: Callable[[Path], dict],
+    on_round: Callable[[str, dict], None] | None = None,
+) -> dict[str, list[dict]]:
+    """{label: one result per round}: `measure(checkout)` on `root` ("current") and, with a
+    ref, on a worktree of it (labelled by the ref), alternated round by round, so that a
+    drift in the machine's load hits both. on_round(label, result) after each measurement."""
+    roots = {"current": root}
+    with ref_worktree(root, ref, prefix) as tree:
+        if tree is not None:
+            roots[ref] = tree
+        runs: dict[str, list[dict]] = {label: [] for label in roots}
+        for _ in range(rounds):
+            for label, checkout in roots.items():
+                runs[label].append(measure(checkout))
+                if on_round is not None:
+                    on_round(label, runs[label][-1])
+    return runs

@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 from kernels import reference, triton_prefill  # noqa: E402
 from kernels.metadata import build_attention_metadata  # noqa: E402
 from kernels.triton_prefill import paged_prefill_attention  # noqa: E402
+from tests.support.triton_launches import record_launches  # noqa: E402
 
 # The kernel runs here; the reference always runs on the CPU.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -130,18 +131,7 @@ def test_short_queries_pad_the_group_to_a_dot():
 
 def test_wide_heads_take_half_height_tiles(monkeypatch):
     # head_dim 256, group 2: 32-row tiles (16 query tokens), not 64, over a 40-token prompt.
-    chosen = []
-    launch = triton_prefill._prefill_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                chosen.append(kwargs["BLOCK_Q"])
-                return launch[grid](*args, **kwargs)
-
-            return run
-
-    monkeypatch.setattr(triton_prefill, "_prefill_kernel", Recorder())
+    chosen = record_launches(monkeypatch, triton_prefill, "_prefill_kernel", "BLOCK_Q")
     _run_case([(0, 40), (21, 7)], 4, 2, 256, 16, torch.float32, seed=17, share=None)
     assert chosen == [16]
 

@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 
 from kernels import triton_prefill  # noqa: E402
 from kernels.triton_warmup import prefill_query_tiles, warm_up_attention  # noqa: E402
+from tests.support.triton_launches import record_launches  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -28,18 +29,7 @@ def test_query_tiles_follow_the_group_size_and_head_width():
 
 
 def test_warm_up_covers_each_variant_and_leaves_the_pool_alone(monkeypatch):
-    chosen = []
-    launch = triton_prefill._prefill_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                chosen.append(kwargs["BLOCK_Q"])
-                return launch[grid](*args, **kwargs)
-
-            return run
-
-    monkeypatch.setattr(triton_prefill, "_prefill_kernel", Recorder())
+    chosen = record_launches(monkeypatch, triton_prefill, "_prefill_kernel", "BLOCK_Q")
     gen = torch.Generator().manual_seed(0)
     k_cache = torch.randn(3, 16, 2, 32, generator=gen).to(DEVICE)
     v_cache = torch.randn(3, 16, 2, 32, generator=gen).to(DEVICE)
