@@ -16,8 +16,8 @@ from kernels.triton_softcap import softcap_scores
 _TILE_ROWS = 64
 # Tile rows are sized for heads of up to this many dims: a query tile's fp32 accumulator,
 # [rows, BLOCK_D], lives in registers, and 64 rows of 256 dims at 4 warps took all 255 and
-# spilled 104-144 bytes per thread at sm_80/sm_89 (24 at sm_90 with Triton 3.6), while 64 of
-# 128 spill nothing. Wider heads get proportionally fewer rows (scripts/compile_for_gpu.py).
+# spilled 104-136 bytes per thread at sm_80 (24 at sm_90 with Triton 3.6), while 64 of 128
+# spill nothing. Wider heads get proportionally fewer rows (scripts/compile_for_gpu.py).
 _TILE_HEAD_DIM = 128
 # Keys per inner step. Keys are gathered slot by slot through the block table, so this need not
 # equal the cache block size; 32 keeps tl.dot legal (>= 16) even for 8-token cache blocks.
