@@ -162,24 +162,25 @@ def main() -> int:
     import torch
 
     from services.bench.random_models import build_model
-    from services.bench.ref_worktree import alternated_rounds
+    from services.bench.ref_worktree import ref_worktree
     from shared.model_source import resolve_model
 
     work = Path(tempfile.mkdtemp(prefix="pagedserve-host-cost-"))
     args.model_dir = str(build_model("tiny", "cpu", torch.float32, resolve_model(None), work / "m"))
-
-    def summary(label: str, result: dict) -> None:
-        host = {
-            w: f"host {r['host']:.2f} ms (forward {r['forward']:.2f})"
-            for w, r in result.items()
-            if w != "code"
-        }
-        print(f"{label}: {host}", flush=True)
-
-    runs = alternated_rounds(
-        ROOT, args.compare_ref, "pagedserve-host-ref-", args.rounds,
-        lambda root: run(root, args), summary,
-    )  # fmt: skip
+    roots = {"current": ROOT}
+    with ref_worktree(ROOT, args.compare_ref, "pagedserve-host-ref-") as tree:
+        if tree is not None:
+            roots[args.compare_ref] = tree
+        runs: dict[str, list[dict]] = {label: [] for label in roots}
+        for _ in range(args.rounds):
+            for label, root in roots.items():
+                runs[label].append(run(root, args))
+                summary = {
+                    w: f"host {r['host']:.2f} ms (forward {r['forward']:.2f})"
+                    for w, r in runs[label][-1].items()
+                    if w != "code"
+                }
+                print(f"{label}: {summary}", flush=True)
     best = {
         label: {w: {p: min(r[w][p] for r in rs) for p in rs[0][w]} for w in rs[0] if w != "code"}
         for label, rs in runs.items()

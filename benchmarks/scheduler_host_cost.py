@@ -148,13 +148,17 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    from services.bench.ref_worktree import alternated_rounds
+    from services.bench.ref_worktree import ref_worktree
 
-    runs = alternated_rounds(
-        ROOT, args.compare_ref, "pagedserve-scheduler-ref-", args.rounds,
-        lambda root: run(root, args),
-        lambda label, result: print(label, json.dumps(result), flush=True),
-    )  # fmt: skip
+    roots = {"current": ROOT}
+    with ref_worktree(ROOT, args.compare_ref, "pagedserve-scheduler-ref-") as tree:
+        if tree is not None:
+            roots[args.compare_ref] = tree
+        runs: dict[str, list[dict]] = {label: [] for label in roots}
+        for _ in range(args.rounds):  # alternated, so that drift in the machine's load hits all
+            for label, root in roots.items():
+                runs[label].append(run(root, args))
+                print(label, json.dumps(runs[label][-1]), flush=True)
     best = {
         label: {
             mode: {
