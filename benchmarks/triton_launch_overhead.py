@@ -37,21 +37,14 @@ def worker(args) -> dict:
     os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not interpreted ones
     import torch
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    class CompileOnlyDriver:  # what a JITFunction asks of the active driver before compiling
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
+    from scripts.compile_for_gpu import CompileOnlyDriver
 
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(CompileOnlyDriver())
+    # compile_only() would also read each variant's resources at every launch: the driver
+    # alone, and a warm-up per launch without that.
+    driver.set_active(CompileOnlyDriver(90))
     run = JITFunction.run
 
     def warm(self, *call_args, grid, warmup, **kwargs):

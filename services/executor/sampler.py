@@ -171,13 +171,14 @@ def _draw(
         # vocabulary for top-p (its filters search each row's thresholds instead).
         from kernels.triton_sampling import gumbel_argmax
 
+        # The batch's per-row filters already say "off" in the kernel's terms (top_k = vocab,
+        # top_p = inf, min_p = 0): passed as they are, none is made again per step.
+        filters = batch.use_min_p or batch.use_top_p or batch.use_top_k
         drawn = gumbel_argmax(
             logits,
             temperature,
             batch.rng_keys,
-            top_k=batch.top_k if batch.use_top_k else None,
-            top_p=batch.top_p if batch.use_top_p else None,
-            min_p=batch.min_p if batch.use_min_p else None,
+            *((batch.top_k, batch.top_p, batch.min_p) if filters else ()),
         )
         return torch.where(greedy_rows, greedy_ids, drawn), None
     logits = logits / temperature[:, None]

@@ -17,6 +17,7 @@ from kernels import triton_sampling  # noqa: E402
 from kernels.triton_sampling import gumbel_argmax, warm_up_sampling  # noqa: E402
 from services.executor.counter_rng import gumbel, position_key, sample_key  # noqa: E402
 from services.executor.sampler import SamplingBatch, _draw, _top_k_top_p  # noqa: E402
+from tests.support.triton_launches import record_launches  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -215,18 +216,9 @@ def test_an_engine_with_the_fused_sampler_draws_the_torch_samplers_tokens(
 
 
 def test_warm_up_compiles_both_variants(monkeypatch):
-    chosen = []
-    launch = triton_sampling._gumbel_argmax_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                chosen.append((kwargs["FILTERS"], kwargs["BLOCK"]))
-                return launch[grid](*args, **kwargs)
-
-            return run
-
-    monkeypatch.setattr(triton_sampling, "_gumbel_argmax_kernel", Recorder())
+    chosen = record_launches(
+        monkeypatch, triton_sampling, "_gumbel_argmax_kernel", "FILTERS", "BLOCK"
+    )
     assert warm_up_sampling(500, torch.device(DEVICE)) == [False, True]
     # The served draws of that vocabulary then use the variants compiled here.
     logits = torch.zeros(3, 500, device=DEVICE)
